@@ -1,0 +1,18 @@
+"""sglang-kimi: an SGLang plugin for fast, lossless speculative decoding of Kimi-K2.6.
+
+SGLang finds this package through the entry point ``sglang.srt.plugins: kimi = sglang_kimi:register``
+and calls :func:`register` in every process it starts (launcher, scheduler, detokenizer).
+Everything registered is listed in one table, :data:`sglang_kimi.plugin.REGISTRATIONS`.
+"""
+
+__version__ = "0.1.0"
+
+# The SGLang releases this plugin is tested against (inclusive bounds).
+SUPPORTED_SGLANG = ("0.5.23", "0.5.23")
+
+
+def register() -> None:
+    """Entry point called by SGLang's ``load_plugins()``: cheap, idempotent, safe in every process."""
+    from sglang_kimi.plugin import register_all
+
+    register_all()

@@ -1,0 +1,177 @@
+"""Everything sglang-kimi registers into SGLang, in one table.
+
+Each :class:`Entry` names the SGLang object it touches, the function that installs it (imported lazily,
+so ``register()`` stays cheap) and why it exists: the feature it adds, or the upstream bug it works
+around. :func:`register_all` runs the table once per process and records each entry's outcome in
+:data:`STATUS`; the scheduler reports that record in ``/server_info`` (``internal_states[i]["sglang_kimi"]``)
+and ``sglang-kimi doctor`` prints it, so a registration that failed is never silent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+
+logger = logging.getLogger("sglang_kimi")
+
+ALWAYS = "always"
+CPU_ONLY = "cpu"  # only in processes started with SGLANG_USE_CPU_ENGINE=1
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # short id, shown in /server_info and `sglang-kimi doctor`
+    target: str  # the SGLang object hooked, or the registry written to
+    install: str  # "module:function" inside sglang_kimi; returns None, or a string that says why it skipped
+    why: str  # the feature it adds, or the upstream bug it works around
+    when: str = ALWAYS
+
+
+REGISTRATIONS: tuple[Entry, ...] = (
+    Entry(
+        "sglang-version",
+        "sglang.version.__version__",
+        "sglang_kimi.plugin:check_sglang_version",
+        "logs one line when the installed SGLang is outside the tested range",
+    ),
+    Entry(
+        "server-info",
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+        ".get_internal_state",
+        "sglang_kimi.plugin:install_server_info",
+        "reports the plugin's version and this table's outcome in /server_info from the scheduler process",
+    ),
+)
+
+# name -> "ok" | "skipped: <why>" | "failed: <error>"; filled by register_all() in this process.
+STATUS: dict[str, str] = {}
+_registered = False
+
+
+def _applies(entry: Entry) -> bool:
+    if entry.when == CPU_ONLY:
+        return os.environ.get("SGLANG_USE_CPU_ENGINE", "0").lower() in ("1", "true")
+    return True
+
+
+def _load(dotted: str):
+    module_name, _, attr = dotted.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def register_all() -> None:
+    """Run every entry of :data:`REGISTRATIONS` once in this process; never raises."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    for entry in REGISTRATIONS:
+        if not _applies(entry):
+            STATUS[entry.name] = f"skipped: only when {entry.when}"
+            continue
+        try:
+            skipped = _load(entry.install)()
+            STATUS[entry.name] = f"skipped: {skipped}" if skipped else "ok"
+        except Exception as exc:  # SGLang swallows plugin errors; record ours so they stay visible
+            STATUS[entry.name] = f"failed: {type(exc).__name__}: {exc}"
+            logger.error("sglang-kimi: registration %r failed:\n%s", entry.name, traceback.format_exc())
+    failed = [name for name, state in STATUS.items() if state.startswith("failed")]
+    logger.info(
+        "sglang-kimi %s registered %d entries%s",
+        _version(),
+        len(STATUS) - len(failed),
+        f"; FAILED: {', '.join(failed)}" if failed else "",
+    )
+
+
+def _version() -> str:
+    from sglang_kimi import __version__
+
+    return __version__
+
+
+def _hook_applied(target: str) -> bool:
+    """SGLang applies hooks after every plugin has registered; a hook that failed to apply is only logged."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return target in HookRegistry._patched
+
+
+def plugin_state() -> dict:
+    """The plugin's state in this process, as reported in /server_info and by `doctor`."""
+    status = dict(STATUS)
+    for entry in REGISTRATIONS:
+        if status.get(entry.name) == "ok" and entry.target in _hook_targets:
+            if not _hook_applied(entry.target):
+                status[entry.name] = "failed: SGLang did not apply the hook (see the server log)"
+    from sglang_kimi import SUPPORTED_SGLANG
+
+    return {
+        "version": _version(),
+        "pid": os.getpid(),
+        "supported_sglang": list(SUPPORTED_SGLANG),
+        "registrations": status,
+        "failed": sorted(name for name, state in status.items() if state.startswith("failed")),
+    }
+
+
+# Targets registered through HookRegistry (checked for "applied" in plugin_state()).
+_hook_targets: set[str] = set()
+
+
+def hook(target: str, fn, hook_type: str = "AFTER") -> None:
+    """Register ``fn`` on ``target`` with SGLang's HookRegistry (``hook_type``: BEFORE/AFTER/AROUND/REPLACE)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(target, fn, HookType[hook_type])
+    _hook_targets.add(target)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two entries that belong to the plugin itself.
+
+
+def version_in_range(version: str, supported: tuple[str, str]) -> bool:
+    def key(v: str) -> tuple[int, ...]:
+        parts = []
+        for piece in v.split("+")[0].split("."):
+            digits = "".join(ch for ch in piece if ch.isdigit())
+            parts.append(int(digits) if digits else 0)
+        return tuple(parts)
+
+    return key(supported[0]) <= key(version) <= key(supported[1])
+
+
+def check_sglang_version():
+    from sglang.version import __version__ as sglang_version
+
+    from sglang_kimi import SUPPORTED_SGLANG
+
+    if not version_in_range(sglang_version, SUPPORTED_SGLANG):
+        lo, hi = SUPPORTED_SGLANG
+        tested = lo if lo == hi else f"{lo} to {hi}"
+        logger.warning(
+            "sglang-kimi %s is tested with sglang %s; the installed sglang is %s: its hooks may not apply",
+            _version(),
+            tested,
+            sglang_version,
+        )
+        return f"sglang {sglang_version} is outside the tested range {tested}"
+    return None
+
+
+def _add_plugin_state(result, *args, **kwargs):
+    result.internal_state["sglang_kimi"] = plugin_state()
+    return result
+
+
+def target_of(name: str) -> str:
+    """The SGLang target of the table entry ``name`` (so install functions never repeat a dotted path)."""
+    return next(entry.target for entry in REGISTRATIONS if entry.name == name)
+
+
+def install_server_info():
+    hook(target_of("server-info"), _add_plugin_state, "AFTER")
