@@ -1,0 +1,29 @@
+"""Triton kernels for Kimi speculative verify, each beside a torch ``*_ref`` twin (the CPU backend and test oracle),
+and the MoE / AITER tuning overrides.
+
+- ``tree_mla_attention``: tree-masked absorbed-MLA attention over the paged latent cache (split-KV prefix + tree
+  part merged by log-sum-exp); ``tree_mla_attention_ref``.
+- ``tree_verify``: greedy and target-only sampled tree verification, SGLang's output conventions;
+  ``tree_verify_ref``.
+- ``ddtree_build``: best-first DDTree construction, one program per request; ``ddtree_build_ref`` (per-request heap).
+- ``moe_tuning``: fused-MoE Triton config tables for the verify shapes, the ``get_moe_configs`` hook,
+  ``sglang-kimi tune moe``.
+- ``aiter_overrides``: AITER environment switches for the verify shape on ROCm.
+- ``interpret``: running the kernels on CPU tensors through Triton's interpreter (tests only).
+
+Importing this package is cheap: no module here imports triton or SGLang until used.
+"""
+
+from __future__ import annotations
+
+
+def active_overrides() -> list[dict]:
+    """What the kernel-side overrides do in this process, and why (for ``sglang-kimi doctor``).
+
+    One dict per item, each with ``kind`` ("moe-config" | "aiter-env"), ``active`` and ``why``; MoE rows name the
+    table key and file, AITER rows the variable, its value and who set it (``set_by``: "plugin" or "user").
+    """
+    from sglang_kimi.kernels.aiter_overrides import aiter_override_state
+    from sglang_kimi.kernels.moe_tuning import moe_override_state
+
+    return moe_override_state() + aiter_override_state()

@@ -14,7 +14,8 @@ Rules (``reference/algorithms.md`` section 4):
   drawn from p(.|v) with the rejected children zeroed, by inverse CDF with a second coin u'. At the depth limit
   (``num_spec_tokens - 1`` accepted drafts) or at a leaf the bonus is drawn from p(.|v) unchanged.
   The interval is half-open at the top because SGLang's coins are in [0, 1) (``torch.rand``), and ``p(c) > 0``
-  keeps a zero-probability child from being accepted by a coin of exactly 0.
+  keeps a zero-probability child from being accepted by a coin of exactly 0. A sibling whose token repeats an
+  earlier sibling's counts with probability 0 (SGLang's kernel would count it twice and over-accept it).
 
 Inputs and outputs follow SGLang (``sglang/kernels/ops/speculative/{tree,sampling}.py`` and
 ``srt/speculative/eagle_utils.py``):
@@ -151,6 +152,9 @@ if triton is not None:
                             p = 0.0
                             if MODE == 2:
                                 p = tl.load(target_ptr + row + tok).to(tl.float32)
+                                # a token already rejected among earlier siblings counts once (its mass is spent)
+                                dup = tl.sum((rej_tok == tok).to(tl.int32), 0)
+                                p = tl.where(dup > 0, 0.0, p)
                                 prob_acc += p
                                 ok = (p > 0) & (coin < prob_acc)
                             if ok:
@@ -166,8 +170,7 @@ if triton is not None:
                                 n_rej = tl.cast(0, tl.int32)
                             else:
                                 if MODE == 2:
-                                    dup = tl.sum((rej_tok == tok).to(tl.int32), 0)
-                                    if (p > 0) & (dup == 0):
+                                    if p > 0:
                                         rej_tok = tl.where(slot == n_rej, tok, rej_tok)
                                         rej_p = tl.where(slot == n_rej, p, rej_p)
                                         n_rej += 1
@@ -421,6 +424,7 @@ def tree_verify_ref(
             tok = cand[rows, safe_child]
             if mode == SAMPLED:
                 p = probs[rows, cur, tok]
+                p = torch.where(rejected[rows, tok], 0.0, p)  # a repeated sibling token counts once
                 prob_acc = torch.where(scan, prob_acc + p, prob_acc)  # float32, sibling order: as the kernel
                 ok = scan & (p > 0) & (coin < prob_acc)
                 rej = scan & ~ok & (p > 0)

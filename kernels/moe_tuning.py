@@ -1,0 +1,581 @@
+"""Triton fused-MoE config tables for Kimi's verify shapes, served through SGLang's config lookup.
+
+What SGLang does (``sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py``): the fused-MoE
+Triton kernel takes its tile sizes from a JSON table ``{M: {BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+GROUP_SIZE_M, num_warps, num_stages, ...}}`` (M = tokens in the batch; the row nearest to the actual M is used)
+found by ``get_moe_configs(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)`` under the file name::
+
+    E={E},N={N},device_name={torch device name, spaces -> _}[,dtype={dtype}][,block_shape=[bn, bk]][_down].json
+
+with E = experts on this rank (384 for Kimi; 385 with the shared expert fused in; 384 / ep under expert
+parallelism) and N = ``w2.shape[2]`` = the per-rank shard of ``moe_intermediate_size`` = 2048 / tp (256 at TP8;
+the gate+up weight w13 is 2N wide). A missing file means SGLang's generic default tiles.
+
+Speculative verify runs the MoE at M = batch x draft tokens (2..16 per request), small M where the right tiles
+matter most. This module ships tables for the Kimi keys SGLang has no file for, on the devices we target, and
+installs an AROUND hook on ``get_moe_configs`` that returns the plugin's table when one exists for the exact key
+(device name included) and otherwise calls SGLang's own lookup unchanged. Precedence::
+
+    $SGLANG_KIMI_MOE_CONFIG_DIR (tables written by `sglang-kimi tune moe`)  >  kernels/configs/moe/ (shipped)
+    >  SGLang's lookup (its shipped files, then its defaults)
+
+**The shipped tables are starting points, not tuned numbers**: each is a verbatim copy of the SGLang-shipped table
+for the *same device and dtype* whose shape is nearest (same N if possible, then nearest E), recorded in
+``kernels/configs/moe/PROVENANCE.json`` (source file, Triton version directory, reason). They are better than
+SGLang's generic defaults for a shape it has no file for, and they are replaced, row by row for the verify M values,
+when ``sglang-kimi tune moe`` (:func:`tune_moe`) is run on the GPU. Regenerate them with
+:func:`derive_starting_tables`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+logger = logging.getLogger("sglang_kimi")
+
+MOE_CONFIG_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
+HOOK_TARGET = MOE_CONFIG_MODULE + ".get_moe_configs"
+SHIPPED_DIR = Path(__file__).resolve().parent / "configs" / "moe"
+PROVENANCE_FILE = "PROVENANCE.json"
+USER_DIR_ENV = "SGLANG_KIMI_MOE_CONFIG_DIR"
+DEFAULT_USER_DIR = Path.home() / ".cache" / "sglang_kimi" / "moe_configs"
+
+# Kimi-K2.6 MoE: 384 routed experts (+1 when the shared expert is fused in), hidden 7168, moe_intermediate 2048, top-8.
+KIMI_EXPERTS = 384
+KIMI_HIDDEN = 7168
+KIMI_MOE_INTERMEDIATE = 2048
+KIMI_TOPK = 8
+VERIFY_DRAFT_TOKENS = tuple(range(2, 17))  # tokens verified per request per step (root + drafts)
+VERIFY_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+# Devices we target, as SGLang names them (torch.cuda.get_device_name with spaces replaced).
+TARGET_DEVICES = ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200", "AMD_Instinct_MI300X", "AMD_Instinct_MI325X")
+# (dtype selector, block_shape) variants of the Kimi MoE the tables cover.
+FP8_BLOCK = ("fp8_w8a8", (128, 128))
+BF16 = (None, None)
+
+
+def verify_m_values(batches=VERIFY_BATCHES, draft_tokens=VERIFY_DRAFT_TOKENS) -> list[int]:
+    """Distinct M = batch x draft tokens, sorted. Example: batches (1, 2), tokens (2, 4) -> [2, 4, 8]."""
+    return sorted({b * d for b in batches for d in draft_tokens})
+
+
+def config_file_name(
+    E: int,
+    N: int,
+    device_name: str,
+    dtype: str | None = None,
+    block_shape: tuple[int, int] | list[int] | None = None,
+    per_channel_quant: bool = False,
+    down_moe: bool = False,
+) -> str:
+    """SGLang's ``get_config_file_name`` for an explicit device name (used to name the shipped files; the hook
+    itself asks SGLang's function, so the live naming is SGLang's by construction)."""
+    device = device_name.replace(" ", "_")
+    dtype_sel = f",dtype={dtype}" if dtype else ""
+    block_sel = f",block_shape={list(block_shape)}" if block_shape and all(block_shape) else ""
+    pcq = ",per_channel_quant=True" if per_channel_quant else ""
+    return f"E={E},N={N},device_name={device}{dtype_sel}{block_sel}{pcq}{'_down' if down_moe else ''}.json"
+
+
+_NAME_RE = re.compile(
+    r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]*?)(?:,dtype=(?P<dtype>[a-z0-9_]+?))?"
+    r"(?:,block_shape=\[(?P<bn>\d+), (?P<bk>\d+)\])?(?P<pcq>,per_channel_quant=True)?(?P<down>_down)?\.json$"
+)
+
+
+def parse_config_file_name(name: str) -> dict | None:
+    """Inverse of :func:`config_file_name`; None for names that are not MoE tables."""
+    m = _NAME_RE.match(name)
+    if not m:
+        return None
+    block = (int(m["bn"]), int(m["bk"])) if m["bn"] else None
+    return {
+        "E": int(m["E"]),
+        "N": int(m["N"]),
+        "device": m["device"],
+        "dtype": m["dtype"],
+        "block_shape": block,
+        "per_channel_quant": bool(m["pcq"]),
+        "down_moe": bool(m["down"]),
+    }
+
+
+def read_table(path: Path) -> dict[int, dict]:
+    """A table file -> ``{M: config}`` exactly as SGLang reads it (keys starting with "_" are notes, skipped)."""
+    with open(path) as f:
+        raw = json.load(f)
+    return {int(k): v for k, v in raw.items() if not k.startswith("_")}
+
+
+def table_dirs() -> list[Path]:
+    """Where the hook looks, highest precedence first."""
+    user = Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
+    return [user, SHIPPED_DIR]
+
+
+def find_table(file_name: str, dirs: list[Path] | None = None) -> tuple[dict[int, dict], Path] | None:
+    """The plugin's table for ``file_name`` and where it came from, or None when no plugin directory has it."""
+    for d in dirs if dirs is not None else table_dirs():
+        path = Path(d) / file_name
+        if path.is_file():
+            return read_table(path), path
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The hook
+
+
+# file name -> (table, path) for every table the hook served in this process (for `doctor`)
+SERVED: dict[str, str] = {}
+
+
+def _sglang_config_file_name(E, N, dtype, block_shape, per_channel_quant, down_moe) -> str:
+    import importlib
+
+    module = importlib.import_module(MOE_CONFIG_MODULE)
+    return module.get_config_file_name(E, N, dtype, block_shape, per_channel_quant, down_moe=down_moe)
+
+
+def _deterministic_inference() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        return bool(get_exec().deterministic.enable_deterministic_inference)
+    except Exception:  # noqa: BLE001 - outside a server process there is no exec context: not deterministic
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_table(file_name: str, dirs: tuple[str, ...]):
+    found = find_table(file_name, [Path(d) for d in dirs])
+    if found is None:
+        return None
+    table, path = found
+    return table, str(path)
+
+
+def around_get_moe_configs(
+    original,
+    E: int,
+    N: int,
+    dtype,
+    block_n=0,
+    block_k=0,
+    per_channel_quant: bool = False,
+    down_moe: bool = False,
+):
+    """AROUND hook for SGLang's ``get_moe_configs``: the plugin's table for this exact key, else SGLang's lookup."""
+    if _deterministic_inference():  # SGLang then uses fixed default tiles on purpose; keep that
+        return original(E, N, dtype, block_n, block_k, per_channel_quant=per_channel_quant, down_moe=down_moe)
+    name = _sglang_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant, down_moe)
+    found = _cached_table(name, tuple(str(d) for d in table_dirs()))
+    if found is None:
+        return original(E, N, dtype, block_n, block_k, per_channel_quant=per_channel_quant, down_moe=down_moe)
+    table, path = found
+    if name not in SERVED:
+        logger.info("sglang-kimi: MoE kernel config %s from %s", name, path)
+    SERVED[name] = path
+    return dict(table)
+
+
+def _current_device_name() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.cuda.current_device()).replace(" ", "_")
+
+
+def tables_for_device(device_name: str, dirs: list[Path] | None = None) -> list[tuple[str, Path]]:
+    """(file name, path) of every plugin table for ``device_name``, highest-precedence copy of each name."""
+    seen: dict[str, Path] = {}
+    for d in dirs if dirs is not None else table_dirs():
+        d = Path(d)
+        if not d.is_dir():
+            continue
+        for path in sorted(d.glob("*.json")):
+            info = parse_config_file_name(path.name)
+            if info and info["device"] == device_name and path.name not in seen:
+                seen[path.name] = path
+    return sorted(seen.items())
+
+
+def install_moe_overrides():
+    """Register the AROUND hook on SGLang's ``get_moe_configs``. Returns None, or why it skipped."""
+    device = _current_device_name()
+    if device is None:
+        return "no GPU (the Triton fused-MoE kernel runs on CUDA/ROCm only)"
+    if not tables_for_device(device):
+        return f"no plugin MoE tables for {device} (run `sglang-kimi tune moe` to make some)"
+    from sglang_kimi.plugin import hook
+
+    hook(HOOK_TARGET, around_get_moe_configs, "AROUND")
+    return None
+
+
+def moe_override_state() -> list[dict]:
+    """What the MoE hook serves in this process, for ``active_overrides``."""
+    device = _current_device_name()
+    if device is None:
+        return [{"kind": "moe-config", "active": False, "why": "no GPU"}]
+    rows = []
+    for name, path in tables_for_device(device):
+        rows.append(
+            {
+                "kind": "moe-config",
+                "key": name,
+                "path": str(path),
+                "active": name in SERVED,
+                "why": "tuned with sglang-kimi tune moe"
+                if Path(path).parent != SHIPPED_DIR
+                else "starting point copied from the nearest SGLang table for this device (see PROVENANCE.json)",
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shipped starting points
+
+
+def _sglang_shipped_tables(sglang_configs_root: Path) -> list[tuple[dict, Path, str]]:
+    """(parsed key, path, triton version dir) of every table SGLang ships."""
+    out = []
+    for vdir in sorted(sglang_configs_root.glob("triton_*")):
+        for path in vdir.glob("*.json"):
+            info = parse_config_file_name(path.name)
+            if info:
+                out.append((info, path, vdir.name))
+    return out
+
+
+def _version_key(vdir: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in vdir.removeprefix("triton_").split("_"))
+
+
+MIN_SOURCE_EXPERTS = 64
+
+
+def nearest_shipped(
+    shipped: list[tuple[dict, Path, str]],
+    E: int,
+    N: int,
+    device: str,
+    dtype: str | None,
+    block_shape,
+) -> tuple[dict, Path, str] | None:
+    """Nearest SGLang table of the same device, dtype and block shape (up-projection tables only): same N first
+    (|log2 N ratio|), then nearest E, then the newest Triton version directory. Only tables of the same regime
+    qualify: N within a factor of 2, and a fine-grained MoE (E >= MIN_SOURCE_EXPERTS: at verify M each expert sees
+    a few tokens, unlike an 8-expert model's tables)."""
+    block = tuple(block_shape) if block_shape else None
+    same = [
+        s
+        for s in shipped
+        if s[0]["device"] == device
+        and s[0]["dtype"] == dtype
+        and s[0]["block_shape"] == block
+        and not s[0]["per_channel_quant"]
+        and not s[0]["down_moe"]
+        and s[0]["E"] >= MIN_SOURCE_EXPERTS
+        and abs(math.log2(s[0]["N"] / N)) <= 1
+    ]
+    if not same:
+        return None
+    return min(
+        same,
+        key=lambda s: (abs(math.log2(s[0]["N"] / N)), abs(s[0]["E"] - E), tuple(-v for v in _version_key(s[2]))),
+    )
+
+
+def derive_starting_tables(
+    sglang_configs_root: Path,
+    out_dir: Path = SHIPPED_DIR,
+    devices=TARGET_DEVICES,
+    experts=(KIMI_EXPERTS, KIMI_EXPERTS + 1),
+    tps=(4, 8, 16),
+    variants=(FP8_BLOCK, BF16),
+) -> dict[str, dict]:
+    """Write the shipped starting-point tables and ``PROVENANCE.json``; returns the provenance map.
+
+    For every (device, variant, E, N = 2048 / tp) that SGLang has no file for, copy the nearest SGLang table of the
+    same device and variant verbatim. Keys SGLang already covers, and devices with no table of that variant, get
+    nothing (nothing is invented). bf16 tables are made for E = 384 only (the shared expert is fused into the
+    routed GEMM only in quantized checkpoints).
+    """
+    shipped = _sglang_shipped_tables(Path(sglang_configs_root))
+    have = {(s[0]["E"], s[0]["N"], s[0]["device"], s[0]["dtype"], s[0]["block_shape"]) for s in shipped}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    provenance = {}
+    for device in devices:
+        for dtype, block in variants:
+            for E in experts:
+                if dtype is None and E != KIMI_EXPERTS:
+                    continue
+                for tp in tps:
+                    N = KIMI_MOE_INTERMEDIATE // tp
+                    if (E, N, device, dtype, block) in have:
+                        continue
+                    src = nearest_shipped(shipped, E, N, device, dtype, block)
+                    if src is None:
+                        continue
+                    info, path, vdir = src
+                    name = config_file_name(E, N, device, dtype, block)
+                    table = read_table(path)
+                    with open(out_dir / name, "w") as f:
+                        json.dump({str(k): table[k] for k in sorted(table)}, f, indent=4)
+                        f.write("\n")
+                    provenance[name] = {
+                        "status": "starting point, not tuned: run `sglang-kimi tune moe` on this device",
+                        "copied_from": f"sglang/srt/layers/moe/moe_runner/triton_utils/configs/{vdir}/{path.name}",
+                        "sglang_triton_dir": vdir,
+                        "why": f"SGLang ships no table for E={E},N={N} (Kimi at TP{tp}) on {device}; nearest "
+                        f"table of the same device and dtype is E={info['E']},N={info['N']}",
+                    }
+    with open(out_dir / PROVENANCE_FILE, "w") as f:
+        json.dump(dict(sorted(provenance.items())), f, indent=2)
+        f.write("\n")
+    return provenance
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tuning on the GPU: `sglang-kimi tune moe`
+
+DTYPE_CHOICES = ("bf16", "fp8_w8a8", "int4_w4a16")
+
+
+def add_tune_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``sglang-kimi tune moe``."""
+    parser.add_argument("--tp", type=int, default=8, help="tensor parallel size: N = moe_intermediate / tp")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size: E = experts / ep")
+    parser.add_argument("--experts", type=int, default=KIMI_EXPERTS, help="routed experts (385 with shared fused)")
+    parser.add_argument("--hidden", type=int, default=KIMI_HIDDEN)
+    parser.add_argument("--moe-intermediate", type=int, default=KIMI_MOE_INTERMEDIATE)
+    parser.add_argument("--topk", type=int, default=KIMI_TOPK)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp8_w8a8")
+    parser.add_argument("--block-shape", type=int, nargs=2, default=[128, 128], help="fp8 block quant [n k]")
+    parser.add_argument("--group-size", type=int, default=32, help="int4_w4a16 weight group size")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(VERIFY_BATCHES))
+    parser.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--output-dir", type=Path, default=None, help=f"default ${USER_DIR_ENV} or {DEFAULT_USER_DIR}")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-configs", type=int, default=None, help="cap the search space (quick runs)")
+    return parser
+
+
+def run_tune_moe(args: argparse.Namespace) -> Path:
+    """Entry point of ``sglang-kimi tune moe``; returns the written table's path."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "error: `sglang-kimi tune moe` needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); "
+            "it times SGLang's Triton fused-MoE kernel on the device the tables are for"
+        )
+    out_dir = args.output_dir or Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
+    return tune_moe(
+        experts=args.experts // args.ep,
+        intermediate=args.moe_intermediate // args.tp,
+        hidden=args.hidden,
+        topk=args.topk,
+        dtype=args.dtype,
+        block_shape=tuple(args.block_shape) if args.dtype == "fp8_w8a8" else None,
+        group_size=args.group_size,
+        m_values=verify_m_values(args.batches, args.draft_tokens),
+        output_dir=Path(out_dir),
+        warmup=args.warmup,
+        iters=args.iters,
+        seed=args.seed,
+        max_configs=args.max_configs,
+    )
+
+
+def search_space(dtype: str, block_shape, is_rocm: bool) -> list[dict]:
+    """Candidate tiles (the space of SGLang's fused-MoE tuning script, pruned for small M and the dtype)."""
+    configs = []
+    for bm in (16, 32, 64):
+        for bn in (32, 64, 128, 256):
+            for bk in (64, 128, 256):
+                if block_shape and (bk % block_shape[1] or (bn % block_shape[0] and block_shape[0] % bn)):
+                    continue
+                for gm in (1, 16, 32):
+                    for warps in (4, 8):
+                        for stages in (2,) if is_rocm else (2, 3, 4, 5):
+                            cfg = {
+                                "BLOCK_SIZE_M": bm,
+                                "BLOCK_SIZE_N": bn,
+                                "BLOCK_SIZE_K": bk,
+                                "GROUP_SIZE_M": gm,
+                                "num_warps": warps,
+                                "num_stages": stages,
+                            }
+                            if is_rocm:
+                                cfg["waves_per_eu"] = 0
+                            configs.append(cfg)
+    return configs
+
+
+def _make_moe_inputs(E, N, hidden, topk, dtype, block_shape, group_size, M, device, gen):
+    """Random weights and routing for one M (never zeros), in the layouts SGLang's fused_moe takes."""
+    import torch
+
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    x = torch.randn(M, hidden, device=device, dtype=torch.bfloat16, generator=gen)
+    logits = torch.randn(M, E, device=device, dtype=torch.float32, generator=gen)
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), topk, dim=-1)
+    topk_output = StandardTopKOutput(weights, ids.to(torch.int32), logits)
+    kw = {}
+    if dtype == "bf16":
+        w1 = torch.randn(E, 2 * N, hidden, device=device, dtype=torch.bfloat16, generator=gen) / hidden**0.5
+        w2 = torch.randn(E, hidden, N, device=device, dtype=torch.bfloat16, generator=gen) / N**0.5
+    elif dtype == "fp8_w8a8":
+        bn, bk = block_shape
+        fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+        w1 = (torch.randn(E, 2 * N, hidden, device=device, generator=gen) * 0.5).to(fp8)
+        w2 = (torch.randn(E, hidden, N, device=device, generator=gen) * 0.5).to(fp8)
+        kw = {
+            "use_fp8_w8a8": True,
+            "w1_scale": torch.rand(E, -(-2 * N // bn), -(-hidden // bk), device=device, generator=gen) * 1e-2 + 1e-3,
+            "w2_scale": torch.rand(E, -(-hidden // bn), -(-N // bk), device=device, generator=gen) * 1e-2 + 1e-3,
+            "block_shape": list(block_shape),
+        }
+    else:  # int4_w4a16: two 4-bit weights per byte along K, one scale per group of K
+        w1 = torch.randint(0, 256, (E, 2 * N, hidden // 2), device=device, dtype=torch.uint8, generator=gen)
+        w2 = torch.randint(0, 256, (E, hidden, N // 2), device=device, dtype=torch.uint8, generator=gen)
+        kw = {
+            "use_int4_w4a16": True,
+            "w1_scale": torch.rand(E, 2 * N, hidden // group_size, device=device, generator=gen).to(torch.bfloat16),
+            "w2_scale": torch.rand(E, hidden, N // group_size, device=device, generator=gen).to(torch.bfloat16),
+            "block_shape": [0, group_size],
+        }
+    return x, w1, w2, topk_output, kw
+
+
+def _time_config(run, config, warmup, iters) -> float:
+    """Median milliseconds of ``run()`` under ``override_config(config)`` (CUDA events)."""
+    import torch
+
+    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
+
+    with override_config(config):
+        for _ in range(warmup):
+            run()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tune_moe(
+    *,
+    experts: int,
+    intermediate: int,
+    hidden: int = KIMI_HIDDEN,
+    topk: int = KIMI_TOPK,
+    dtype: str = "fp8_w8a8",
+    block_shape=(128, 128),
+    group_size: int = 32,
+    m_values: list[int] | None = None,
+    output_dir: Path = DEFAULT_USER_DIR,
+    warmup: int = 5,
+    iters: int = 20,
+    seed: int = 0,
+    max_configs: int | None = None,
+) -> Path:
+    """Time every candidate tile of SGLang's fused-MoE Triton kernel at each verify M (tqdm progress), keep the
+    fastest, and write the table in SGLang's format to ``output_dir`` (merged over the table SGLang or the plugin
+    would use today, so rows for other M stay). Returns the file's path. GPU only."""
+    import torch
+    from tqdm import tqdm
+
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: tuning the fused-MoE kernel needs a CUDA or ROCm GPU")
+    device = torch.device("cuda", torch.cuda.current_device())
+    device_name = torch.cuda.get_device_name(device).replace(" ", "_")
+    m_values = m_values or verify_m_values()
+    config_dtype = None if dtype == "bf16" else dtype
+    name = config_file_name(experts, intermediate, device_name, config_dtype, block_shape)
+    space = search_space(dtype, block_shape, bool(torch.version.hip))
+    if max_configs:
+        space = space[:max_configs]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    runner_config = MoeRunnerConfig(inplace=False)
+    best: dict[int, dict] = {}
+    with tqdm(total=len(m_values) * len(space), desc=f"tune {name}", unit="cfg") as bar:
+        for M in m_values:
+            x, w1, w2, topk_output, kw = _make_moe_inputs(
+                experts, intermediate, hidden, topk, dtype, block_shape, group_size, M, device, gen
+            )
+
+            def run():
+                return fused_experts(x, w1, w2, topk_output, runner_config, **kw)
+
+            timings = []
+            for cfg in space:
+                try:
+                    timings.append((_time_config(run, cfg, warmup, iters), cfg))
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit is skipped
+                    logger.debug("config %s failed at M=%d: %s", cfg, M, exc)
+                bar.update(1)
+            if not timings:
+                raise RuntimeError(f"no candidate config ran at M={M}")
+            ms, cfg = min(timings, key=lambda t: t[0])
+            best[M] = cfg
+            bar.set_postfix(M=M, best_us=f"{ms * 1e3:.1f}")
+    base = _current_table(name)
+    merged = {**base, **best}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / name
+    with open(path, "w") as f:
+        json.dump({str(k): merged[k] for k in sorted(merged)}, f, indent=4)
+        f.write("\n")
+    note = {
+        "tuned": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "device": device_name,
+        "triton": __import__("triton").__version__,
+        "m_values": m_values,
+        "rows_kept_from_previous_table": sorted(set(base) - set(best)),
+    }
+    with open(output_dir / (name[: -len(".json")] + ".tuning.json"), "w") as f:
+        json.dump(note, f, indent=2)
+    return path
+
+
+def _current_table(name: str) -> dict[int, dict]:
+    """The table in effect for ``name`` before tuning: the plugin's, else SGLang's shipped file, else empty."""
+    found = find_table(name)
+    if found is not None:
+        return found[0]
+    try:
+        import importlib
+
+        module = importlib.import_module(MOE_CONFIG_MODULE)
+        root = Path(os.environ.get("SGLANG_MOE_CONFIG_DIR", os.path.dirname(module.__file__))) / "configs"
+        for vdir in sorted(root.glob("triton_*"), key=lambda p: _version_key(p.name), reverse=True):
+            if (vdir / name).is_file():
+                return read_table(vdir / name)
+    except Exception:  # noqa: BLE001 - no SGLang table: the tuned rows alone
+        pass
+    return {}
