@@ -1,0 +1,397 @@
+"""Draft trees: chains, EAGLE dynamic trees and DDTree best-first trees, batched in fixed-size tensors.
+
+A :class:`DraftTree` holds B independent trees in ``[B, N]`` tensors. Node 0 is the **root**: the last committed
+token (the previous step's bonus), whose target logits predict the first draft token. Every other node is a
+drafted token; its parent has a smaller index, so a single left-to-right pass visits parents before children.
+Slots at or beyond ``num_nodes[b]`` are **padding**: ``PAD_TOKEN_ID`` token, ``NO_PARENT`` parent, depth 0.
+
+Worked example (B=1, N=5, one padding slot)::
+
+    tokens    = [[r, a, b, c, -1]]      # r = root token; -1 = PAD_TOKEN_ID
+    parents   = [[-1, 0, 0, 1, -1]]     # a and b are children of the root, c is a child of a
+    depths    = [[0, 1, 1, 2, 0]]
+    num_nodes = [4]
+    ancestor_mask()[0] (row i sees column j)    positions(start=[7]) = [[7, 8, 8, 9, 7]]
+        r a b c pad
+      r 1 0 0 0 0                               retrieve_index()        = [[0, 1, 2, 3, 4]]
+      a 1 1 0 0 0                               retrieve_next_token()   = [[1, 3, -1, -1, -1]]
+      b 1 0 1 0 0                               retrieve_next_sibling() = [[-1, 2, -1, -1, -1]]
+      c 1 1 0 1 0
+    pad 0 0 0 0 1
+
+Builders: :func:`build_chain` (DFlash blocks, EAGLE topk=1), :func:`build_ddtree` (DDTree best-first over one
+block of per-position draft logits), :func:`draft_eagle_tree` / :func:`build_eagle_tree` (EAGLE-2/3 dynamic tree
+exactly as SGLang's ``draft_forward`` + ``organize_draft_results`` + ``build_tree_kernel_efficient``).
+Pure PyTorch and batched on the tensors' device: no Python loop over requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+PAD_TOKEN_ID = -1  # token of a padding slot
+NO_PARENT = -1  # parent of the root and of padding slots
+NO_NODE = -1  # SGLang's "none" in retrieve_next_token / retrieve_next_sibling
+
+
+@dataclass
+class DraftTree:
+    """B draft trees in fixed-size tensors; see the module docstring for a worked example.
+
+    ``max_depth`` is a static upper bound on ``depths`` (a Python int, so accepted-path buffers can be sized
+    without reading the device): a chain of L drafts has ``max_depth == L``.
+    """
+
+    tokens: torch.Tensor  # [B, N] int64; node 0 = root = last committed token
+    parents: torch.Tensor  # [B, N] int64; NO_PARENT for the root and padding, else < own index
+    depths: torch.Tensor  # [B, N] int64; root 0, padding 0
+    num_nodes: torch.Tensor  # [B] int64; root included, so 1 <= num_nodes <= N
+    max_depth: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.tokens.shape[1]
+
+    def valid(self) -> torch.Tensor:
+        """Real (non-padding) nodes. Returns bool [B, N]."""
+        slots = torch.arange(self.num_slots, device=self.tokens.device)
+        return slots[None, :] < self.num_nodes[:, None]
+
+    @classmethod
+    def from_parents(
+        cls, tokens: torch.Tensor, parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = None
+    ) -> DraftTree:
+        """Build a tree from tokens [B, N] and parents [B, N]; depths are derived.
+
+        ``num_nodes [B]`` defaults to N (no padding). Padding slots are overwritten with the sentinels.
+        Raises ValueError unless the root has ``NO_PARENT`` and every other real node's parent is a smaller index.
+        Example: ``parents = [[-1, 0, 0, 1]]`` gives ``depths = [[0, 1, 1, 2]]``.
+        """
+        batch, n = tokens.shape
+        device = tokens.device
+        if num_nodes is None:
+            num_nodes = torch.full((batch,), n, dtype=torch.long, device=device)
+        slots = torch.arange(n, device=device)
+        valid = slots[None, :] < num_nodes[:, None]  # [B, N]
+        tokens = torch.where(valid, tokens.long(), PAD_TOKEN_ID)
+        parents = torch.where(valid, parents.long(), NO_PARENT)
+        nonroot = valid & (slots[None, :] > 0)
+        ok = (num_nodes >= 1).all() & (num_nodes <= n).all() & (parents[:, 0] == NO_PARENT).all()
+        ok &= ((parents >= 0) & (parents < slots[None, :]) | ~nonroot).all()
+        if not bool(ok):
+            raise ValueError("parents must be NO_PARENT for the root and smaller than the node index elsewhere")
+        depths = torch.zeros_like(parents)
+        for i in range(1, n):  # parents precede children, so one left-to-right pass suffices
+            parent_depth = depths.gather(1, parents[:, i : i + 1].clamp(min=0))[:, 0]
+            depths[:, i] = torch.where(nonroot[:, i], parent_depth + 1, 0)
+        return cls(tokens, parents, depths, num_nodes.long(), int(depths.max()) if n > 0 else 0)
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """bool [B, N, N]: row i sees column j iff j is i or an ancestor of i (the root is everyone's ancestor).
+
+        Padding rows see only themselves (so a softmax over the row stays finite); no real row sees padding.
+        """
+        n = self.num_slots
+        slots = torch.arange(n, device=self.tokens.device)
+        mask = (slots[:, None] == slots[None, :]).expand(self.batch_size, n, n).clone()  # [B, N, N]
+        node = slots.expand(self.batch_size, n)  # [B, N]: walks from every node up to the root
+        for _ in range(self.max_depth):
+            node = torch.where(node >= 0, self.parents.gather(1, node.clamp(min=0)), NO_PARENT)
+            mask |= node[:, :, None] == slots[None, None, :]
+        return mask
+
+    def positions(self, start: torch.Tensor) -> torch.Tensor:
+        """Position ids [B, N] = start [B] + depth: the root sits at ``start``, padding too."""
+        return start[:, None] + self.depths
+
+    def retrieve_index(self) -> torch.Tensor:
+        """SGLang's ``retrieve_index`` [B, N]: the flat row ``b * N + i`` of node i (padding included)."""
+        n = self.num_slots
+        slots = torch.arange(n, device=self.tokens.device)
+        return torch.arange(self.batch_size, device=self.tokens.device)[:, None] * n + slots[None, :]
+
+    def retrieve_next_token(self) -> torch.Tensor:
+        """SGLang's ``retrieve_next_token`` [B, N]: the first (lowest-index) child, NO_NODE if none.
+
+        SGLang's ``build_tree_kernel_efficient`` links children in ascending node order, so the first child is the
+        lowest index; e.g. ``parents = [[-1, 0, 0, 1]]`` gives ``[[1, 3, -1, -1]]``.
+        """
+        n = self.num_slots
+        slots = torch.arange(n, device=self.tokens.device)
+        is_child = self.valid()[:, None, :] & (self.parents[:, None, :] == slots[None, :, None])  # [B, parent, child]
+        first = is_child.int().argmax(dim=-1)  # argmax returns the first maximum
+        return torch.where(is_child.any(dim=-1), first, NO_NODE)
+
+    def retrieve_next_sibling(self) -> torch.Tensor:
+        """SGLang's ``retrieve_next_sibling`` [B, N]: the next sibling in ascending index order, NO_NODE if none.
+
+        E.g. ``parents = [[-1, 0, 0, 1]]`` gives ``[[-1, 2, -1, -1]]`` (node 1's next sibling is node 2).
+        """
+        n = self.num_slots
+        slots = torch.arange(n, device=self.tokens.device)
+        valid = self.valid()
+        later = slots[None, :] > slots[:, None]  # [N, N]: column after row
+        is_sibling = (
+            valid[:, :, None]
+            & valid[:, None, :]
+            & (self.parents[:, :, None] == self.parents[:, None, :])
+            & (self.parents[:, :, None] >= 0)
+            & later[None]
+        )  # [B, node, sibling]
+        first = is_sibling.int().argmax(dim=-1)
+        return torch.where(is_sibling.any(dim=-1), first, NO_NODE)
+
+
+def build_chain(root: torch.Tensor, draft_tokens: torch.Tensor) -> DraftTree:
+    """A chain: root [B] followed by draft_tokens [B, L]; N = L + 1, node i has parent i - 1 and depth i.
+
+    Example: ``root = [5], draft_tokens = [[7, 9]]`` gives ``tokens = [[5, 7, 9]], parents = [[-1, 0, 1]]``.
+    """
+    batch, length = draft_tokens.shape
+    slots = torch.arange(length + 1, device=root.device)
+    return DraftTree(
+        tokens=torch.cat([root[:, None].long(), draft_tokens.long()], dim=1),  # [B, L+1]
+        parents=(slots - 1).expand(batch, -1).clone(),
+        depths=slots.expand(batch, -1).clone(),
+        num_nodes=torch.full((batch,), length + 1, dtype=torch.long, device=root.device),
+        max_depth=length,
+    )
+
+
+def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of values [..., V] along the last dim, ordered by value descending then index ascending.
+
+    Deterministic where ``torch.topk`` is not: among equal values the lowest indices win, also across the cut.
+    Example: ``values = [0, 3, 1, 3], k = 2`` gives ``([3, 3], [1, 3])``; ``k = 3`` gives ``([3, 3, 1], [1, 3, 2])``.
+    Returns (values [..., k], indices [..., k] int64).
+    """
+    num = values.shape[-1]
+    if k >= num:
+        return values.sort(dim=-1, descending=True, stable=True)
+    top, idx = values.topk(k + 1, dim=-1)  # the (k+1)-th value tells whether a tie straddles the cut
+    cut_tie = top[..., k - 1] == top[..., k]  # [...]
+    top, idx = top[..., :k].contiguous(), idx[..., :k].contiguous()
+    if bool(cut_tie.any()):  # rare for float logits, common for flat or bf16-rounded ones
+        rows = cut_tie.nonzero(as_tuple=True)
+        row_values = values[rows]  # [R, V]
+        cut = top[rows][:, k - 1 : k]  # [R, 1]
+        ids = torch.arange(num, device=values.device)
+        # Above the cut: key -1 (all kept, fewer than k of them); at the cut: key = index, lowest first.
+        key = torch.where(row_values > cut, -1, torch.where(row_values == cut, ids, num))
+        sel = key.topk(k, dim=-1, largest=False).indices  # [R, k]
+        idx[rows] = sel
+        top[rows] = row_values.gather(-1, sel)
+    idx, by_index = idx.sort(dim=-1)
+    top = top.gather(-1, by_index)
+    top, by_value = top.sort(dim=-1, descending=True, stable=True)
+    return top, idx.gather(-1, by_value)
+
+
+def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) -> DraftTree:
+    """DDTree: the ``budget`` best prefixes of one block of per-position draft logits, as a tree.
+
+    root [B]; draft_logits [B, L, V]: logits of draft positions 1..L (one DFlash pass). A prefix
+    (t_1..t_d) scores ``sum_d log_softmax(draft_logits[:, d-1])[t_d]`` (product of per-position marginals).
+    ``budget`` counts non-root nodes: the tree has ``N = 1 + min(budget, number of prefixes)`` slots, all real.
+
+    Order (fully deterministic): per position, tokens are ranked by log-prob descending, then vocab id ascending
+    (rank r = the r-th best token). Prefixes are ordered by score descending, then depth ascending, then the
+    parent's place in this same order, then the rank of the last token. A prefix scores at least as much as its
+    extensions and sits at a smaller depth, so it comes first: the best ``budget`` prefixes are prefix-closed,
+    and node i of the tree is the i-th best prefix. This is exactly the pop order of the per-request heap of
+    liranringel/ddtree (``build_ddtree_tree``) with heap key (-score, depth, parent node, rank).
+
+    Vectorised over the batch with O(L) tensor ops: the best ``budget`` prefixes of depth d are extensions of the
+    best ``budget`` prefixes of depth d-1 (each better depth-(d-1) prefix has a better rank-0 extension), so a
+    per-depth beam of width ``budget`` holds every selected node; one stable sort then merges the depths.
+
+    Example: L=2, V=3, budget=3, per-position probabilities q1 = [.6, .3, .1], q2 = [.7, .2, .1] (tokens 0..2).
+    Prefixes by score: (0) .6, (0,0) .42, (1) .3, (1,0) .21, (0,1) .12, ... The best three give
+    tokens [[r, 0, 0, 1]], parents [[-1, 0, 1, 0]], depths [[0, 1, 2, 1]].
+    """
+    batch, length, vocab = draft_logits.shape
+    if budget < 1 or length < 1:
+        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
+    device = draft_logits.device
+    k = min(budget, vocab)
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)  # [B, L, V]
+    ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, k)  # [B, L, K]: rank r = r-th best token
+
+    # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank) via stable sorts.
+    beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]
+    beam_parent = [torch.full((batch, k), NO_PARENT, dtype=torch.long, device=device)]  # position in beam d-1
+    beam_rank = [torch.arange(k, device=device).expand(batch, k)]
+    for d in range(1, min(length, budget)):
+        width = beam_scores[-1].shape[1]
+        extend = beam_scores[-1][:, :, None] + ranked_lp[:, d, None, :]  # [B, W, K], flat = parent_pos * K + rank
+        top_scores, top_flat = extend.flatten(1).sort(dim=1, descending=True, stable=True)
+        keep = min(budget, width * k)
+        beam_scores.append(top_scores[:, :keep])
+        beam_parent.append(top_flat[:, :keep] // k)
+        beam_rank.append(top_flat[:, :keep] % k)
+
+    # Merge depths: depth-major concatenation + stable sort = (score desc, depth asc, beam position asc).
+    widths = [s.shape[1] for s in beam_scores]
+    offsets = [sum(widths[:d]) for d in range(len(widths))]
+    scores = torch.cat(beam_scores, dim=1)  # [B, M]
+    flat_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])  # [M]
+    # flat index of each entry's parent (NO_PARENT for depth 1) and its token
+    flat_parent = torch.cat(
+        [beam_parent[0]] + [beam_parent[d] + offsets[d - 1] for d in range(1, len(widths))], dim=1
+    )  # [B, M]
+    flat_token = torch.cat(
+        [ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1
+    )  # [B, M]
+    num = min(budget, scores.shape[1])
+    order = scores.sort(dim=1, descending=True, stable=True).indices[:, :num]  # [B, n]: node i+1 = order[:, i]
+
+    node_of_flat = torch.full_like(scores, NO_PARENT, dtype=torch.long)  # [B, M]
+    node_of_flat.scatter_(1, order, torch.arange(1, num + 1, device=device).expand(batch, num))
+    parent_flat = flat_parent.gather(1, order)  # [B, n]
+    parent_node = torch.where(
+        parent_flat >= 0, node_of_flat.gather(1, parent_flat.clamp(min=0)), 0
+    )  # prefix closure guarantees the parent was selected
+    tokens = torch.cat([root[:, None].long(), flat_token.gather(1, order)], dim=1)  # [B, n+1]
+    parents = torch.cat([torch.full((batch, 1), NO_PARENT, device=device, dtype=torch.long), parent_node], dim=1)
+    depths = torch.cat([torch.zeros((batch, 1), device=device, dtype=torch.long), flat_depth[order]], dim=1)
+    num_nodes = torch.full((batch,), num + 1, dtype=torch.long, device=device)
+    return DraftTree(tokens, parents, depths, num_nodes, max_depth=len(widths))
+
+
+# EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].
+EagleStepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def draft_eagle_tree(
+    root: torch.Tensor,
+    step_fn: EagleStepFn,
+    *,
+    num_steps: int,
+    topk: int,
+    num_draft_tokens: int,
+    token_map: Optional[torch.Tensor] = None,
+) -> DraftTree:
+    """EAGLE-2/3 dynamic tree with SGLang's ``--speculative-num-steps/-eagle-topk/-num-draft-tokens`` semantics.
+
+    Mirrors ``EagleWorkerV2.draft_forward`` + ``select_top_k_tokens`` + ``organize_draft_results``:
+
+    - call 0: ``step_fn(paths=[[root]] [B, 1, 1], parent_slot=0 [B, 1])`` gives the root's draft probabilities;
+      its top-``topk`` tokens are the first frontier, scored by their probability.
+    - call s = 1..num_steps-1: ``step_fn(paths [B, topk, s+1], parent_slot [B, topk])`` runs the drafter on the
+      frontier (``parent_slot`` = each frontier node's slot in the previous call, what SGLang uses to gather the
+      parent hidden states). Each frontier node's top-``topk`` children are scored by ``parent score * prob``;
+      the best ``topk`` of these ``topk * topk`` candidates form the next frontier.
+    - every candidate ever scored (``topk + (num_steps - 1) * topk**2``) competes in a final rerank: the best
+      ``num_draft_tokens - 1`` by cumulative score become the tree, in candidate order (SGLang sorts the indices).
+
+    ``token_map [V_draft]`` maps drafter ids to target ids (SGLang's ``hot_token_id``; EAGLE3 ``d2t + arange``).
+    Ties (equal probabilities or scores) go to the lower index, where SGLang's ``torch.topk`` leaves them open.
+    Returns a tree with ``N = num_draft_tokens`` real nodes and ``max_depth = num_steps``.
+
+    Example (topk=2, num_steps=2, num_draft_tokens=4): root probs top-2 = (a .6, b .3) -> candidates 0, 1;
+    a's children (c .5, d .4) and b's (e .9, f .1) score .30, .24, .27, .03 -> candidates 2..5;
+    rerank keeps the 3 best: a .6, b .3, c .30 -> candidates [0, 1, 2] -> tokens [r, a, b, c], parents [-1, 0, 0, 1].
+    """
+    if num_steps < 1 or topk < 1:
+        raise ValueError(f"num_steps and topk must be >= 1, got {num_steps}, {topk}")
+    num_candidates = topk + (num_steps - 1) * topk * topk
+    if not 2 <= num_draft_tokens <= num_candidates + 1:
+        raise ValueError(
+            f"num_draft_tokens must be in [2, {num_candidates + 1}] for topk={topk}, num_steps={num_steps}, "
+            f"got {num_draft_tokens}"
+        )
+    batch = root.shape[0]
+    device = root.device
+
+    def map_tokens(ids: torch.Tensor) -> torch.Tensor:
+        return ids if token_map is None else token_map[ids]
+
+    paths = root[:, None, None].long()  # [B, 1, 1]
+    probs = step_fn(paths, torch.zeros((batch, 1), dtype=torch.long, device=device))  # [B, 1, V]
+    scores, ids = topk_lowest_index_ties(probs[:, 0], topk)  # [B, k]: frontier scores
+    frontier_tokens = map_tokens(ids)
+    candidate_scores = [scores]
+    candidate_tokens = [frontier_tokens]
+    # SGLang's parents_list: per step, the global candidate index of each frontier slot (step 0: -1 then 0..k-1).
+    parents_list = [torch.arange(-1, topk, device=device).expand(batch, -1)]
+    paths = torch.cat([paths.expand(batch, topk, 1), frontier_tokens[:, :, None]], dim=2)  # [B, k, 2]
+    parent_slot = torch.zeros((batch, topk), dtype=torch.long, device=device)
+    for step in range(1, num_steps):
+        probs = step_fn(paths, parent_slot)  # [B, k, V]
+        child_probs, child_ids = topk_lowest_index_ties(probs, topk)  # [B, k, k]
+        expand = scores[:, :, None] * child_probs  # [B, k, k]: flat index = slot * k + rank
+        child_tokens = map_tokens(child_ids).flatten(1)  # [B, k*k]
+        candidate_scores.append(expand.flatten(1))
+        candidate_tokens.append(child_tokens)
+        scores, chosen = topk_lowest_index_ties(expand.flatten(1), topk)  # [B, k]
+        parents_list.append(chosen + topk + (step - 1) * topk * topk)
+        parent_slot = chosen // topk
+        parent_paths = paths.gather(1, parent_slot[:, :, None].expand(-1, -1, paths.shape[2]))  # [B, k, s+1]
+        paths = torch.cat([parent_paths, child_tokens.gather(1, chosen)[:, :, None]], dim=2)  # [B, k, s+2]
+
+    all_scores = torch.cat(candidate_scores, dim=1)  # [B, num_candidates]
+    all_tokens = torch.cat(candidate_tokens, dim=1)  # [B, num_candidates]
+    best = topk_lowest_index_ties(all_scores, num_draft_tokens - 1)[1]
+    top_scores_index = best.sort(dim=1).values  # [B, n-1]
+    if len(parents_list) > 1:
+        parent_list = torch.cat(parents_list[:-1], dim=1)  # [B, 1 + (num_steps-1)*k]; last frontier never expanded
+    else:
+        parent_list = torch.empty((batch, 0), dtype=torch.long, device=device)
+    return build_eagle_tree(
+        root, parent_list, top_scores_index, all_tokens.gather(1, top_scores_index), topk=topk, num_steps=num_steps
+    )
+
+
+def build_eagle_tree(
+    root: torch.Tensor,
+    parent_list: torch.Tensor,
+    top_scores_index: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    topk: int,
+    num_steps: int,
+) -> DraftTree:
+    """The tree SGLang's ``build_tree_kernel_efficient`` builds from ``organize_draft_results``' outputs.
+
+    root [B]; parent_list [B, 1 + (num_steps-1)*topk] (empty when num_steps == 1); top_scores_index [B, n-1]
+    (ascending candidate indices); draft_tokens [B, n-1]. Node i >= 1 is candidate ``top_scores_index[:, i-1]``.
+    Candidate j's parent: ``j // topk == 0`` is the root, else candidate ``parent_list[:, j // topk]`` (found among
+    the selected candidates). Candidate j's depth is its draft step + 1: 1 for ``j < topk``, else
+    ``2 + (j - topk) // topk**2``. Raises ValueError if a selected candidate's parent was not selected.
+
+    Example (topk=2): parent_list = [[-1, 0, 1]], top_scores_index = [[0, 1, 2]] (candidate 2 = first child of
+    frontier slot 0 = candidate 0) gives parents [[-1, 0, 0, 1]], depths [[0, 1, 1, 2]].
+    """
+    batch, num_selected = top_scores_index.shape
+    device = root.device
+    parent_group = top_scores_index // topk  # [B, n-1]: 0 = child of the root
+    if parent_list.shape[1] > 0:
+        parent_candidate = parent_list.gather(1, parent_group.clamp(max=parent_list.shape[1] - 1))  # [B, n-1]
+    else:
+        parent_candidate = torch.full_like(parent_group, NO_PARENT)
+    position = torch.searchsorted(top_scores_index.contiguous(), parent_candidate.contiguous())  # [B, n-1]
+    found = (position < num_selected) & (
+        top_scores_index.gather(1, position.clamp(max=num_selected - 1)) == parent_candidate
+    )
+    at_root = parent_group == 0
+    if not bool((at_root | found).all()):
+        raise ValueError("EAGLE tree is not prefix-closed: a selected candidate's parent was not selected")
+    parents = torch.where(at_root, 0, position + 1)
+    step = torch.where(
+        top_scores_index < topk, 0, 1 + (top_scores_index - topk).clamp(min=0) // (topk * topk)
+    )  # [B, n-1]
+    column = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    return DraftTree(
+        tokens=torch.cat([root[:, None].long(), draft_tokens.long()], dim=1),
+        parents=torch.cat([column + NO_PARENT, parents], dim=1),
+        depths=torch.cat([column, step + 1], dim=1),
+        num_nodes=torch.full((batch,), num_selected + 1, dtype=torch.long, device=device),
+        max_depth=num_steps,
+    )
