@@ -186,10 +186,13 @@ def ddtree_build(
     topk_lp: torch.Tensor,  # [B, L, K] float32, ranked (see rank_draft_logits)
     topk_ids: torch.Tensor,  # [B, L, K] int
     budget: int,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (tokens, parents, depths) [B, N] int64
 ):
     """Best-first DDTree for every request at once on the device; the same tree, node for node, as
     ``speculators.trees.build_ddtree`` and :func:`ddtree_build_ref`. Returns a ``speculators.trees.DraftTree``
-    with ``N = 1 + min(budget, prefixes)`` slots (all real)."""
+    with ``N = 1 + min(budget, prefixes)`` slots (all real), written into ``out`` when given (static buffers, e.g.
+    for CUDA graphs; N from :func:`num_tree_nodes`)."""
     from sglang_kimi.kernels.interpret import launch
     from sglang_kimi.speculators.trees import DraftTree
 
@@ -200,9 +203,12 @@ def ddtree_build(
         raise ValueError("topk_lp and topk_ids must have the same shape [B, L, K]")
     n = num_tree_nodes(L, K, budget)
     device = topk_lp.device
-    tokens = torch.empty(B, n + 1, dtype=torch.long, device=device)
-    parents = torch.empty(B, n + 1, dtype=torch.long, device=device)
-    depths = torch.empty(B, n + 1, dtype=torch.long, device=device)
+    if out is None:
+        out = tuple(torch.empty(B, n + 1, dtype=torch.long, device=device) for _ in range(3))
+    tokens, parents, depths = out
+    for t in out:
+        if tuple(t.shape) != (B, n + 1) or t.dtype != torch.long or not t.is_contiguous():
+            raise ValueError(f"out tensors must be contiguous int64 [{B}, {n + 1}]")
     if B > 0:
         lp = topk_lp.to(torch.float32)
         if lp.stride(-1) != 1:

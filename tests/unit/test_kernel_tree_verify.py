@@ -1,0 +1,370 @@
+"""Tree verification: the Triton kernel (CPU, float32, Triton's interpreter) against its torch twin, the twin
+against ``speculators.verify`` (greedy: exactly; sampled: in distribution, chi-square), on random trees.
+
+Triton reads TRITON_INTERPRET when kernels are decorated, so it must be set before Triton is first imported in
+this process (see ``kernels/interpret.py``); if something imported Triton earlier without it, this module runs
+itself in a fresh process instead (one test that fails with the child's output).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports, run_pytest_in_fresh_process
+
+_ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
+with interpreter_imports():
+    from sglang_kimi.kernels import tree_verify as tv
+IN_PROCESS = interpreter_active()
+
+from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
+from sglang_kimi.speculators.verify import verify_greedy, verify_sampled  # noqa: E402
+
+POISON = -7  # sentinel for outputs a run must overwrite (or leave alone, where SGLang leaves them undefined)
+
+
+def random_tree(batch: int, slots: int, vocab: int, gen: torch.Generator, pad: bool = True, dup: bool = False):
+    """Random trees as DraftTree: parent < child, random tokens (distinct among siblings unless ``dup``), and
+    some requests padded (num_nodes < slots)."""
+    parents = torch.full((batch, slots), -1, dtype=torch.long)
+    tokens = torch.randint(vocab, (batch, slots), generator=gen)
+    for b in range(batch):
+        for i in range(1, slots):
+            parents[b, i] = int(torch.randint(i, (1,), generator=gen))
+        if not dup:
+            for i in range(1, slots):
+                used = {int(tokens[b, j]) for j in range(1, i) if parents[b, j] == parents[b, i]}
+                free = [t for t in range(vocab) if t not in used]
+                tokens[b, i] = free[int(torch.randint(len(free), (1,), generator=gen))]
+    num_nodes = torch.full((batch,), slots, dtype=torch.long)
+    if pad:
+        num_nodes = torch.randint(1, slots + 1, (batch,), generator=gen)
+    return DraftTree.from_parents(tokens, parents, num_nodes)
+
+
+def retrieve(tree: DraftTree):
+    return tree.tokens, tree.retrieve_index(), tree.retrieve_next_token(), tree.retrieve_next_sibling()
+
+
+def boosted_logits(tree: DraftTree, vocab: int, gen: torch.Generator, boost: float = 3.0) -> torch.Tensor:
+    """Random logits [B, N, V] where each node's children are likely, so walks go deep."""
+    logits = torch.randn(tree.batch_size, tree.num_slots, vocab, generator=gen)
+    valid = tree.valid()
+    for b in range(tree.batch_size):
+        for i in range(1, tree.num_slots):
+            if valid[b, i]:
+                logits[b, tree.parents[b, i], tree.tokens[b, i]] += boost * float(torch.rand((), generator=gen))
+    return logits
+
+
+def greedy_logits(tree: DraftTree, vocab: int, gen: torch.Generator, ties: bool = False) -> torch.Tensor:
+    """Random logits [B, N, V] where, at most nodes, one random child's token is the argmax (deep walks). With
+    ``ties`` the logits are integers and the chosen child only ties the maximum (the first maximum wins)."""
+    logits = torch.randn(tree.batch_size, tree.num_slots, vocab, generator=gen) * 2
+    if ties:
+        logits = logits.round()
+    valid = tree.valid()
+    for b in range(tree.batch_size):
+        for node in range(tree.num_slots):
+            children = [c for c in range(tree.num_slots) if valid[b, c] and int(tree.parents[b, c]) == node]
+            if children and float(torch.rand((), generator=gen)) < 0.85:
+                c = children[int(torch.randint(len(children), (1,), generator=gen))]
+                logits[b, node, tree.tokens[b, c]] = logits[b, node].max() + (0.0 if ties else 1.0)
+    return logits
+
+
+def poisoned(batch: int, slots: int, spec: int):
+    return dict(
+        predicts=torch.full((batch * slots,), POISON, dtype=torch.int32),
+        accept_index=torch.full((batch, spec), POISON, dtype=torch.int32),
+        accept_token_num=torch.full((batch,), POISON, dtype=torch.int32),
+    )
+
+
+def run_both(tree: DraftTree, block_v: int, **target):
+    spec = tree.max_depth + 1
+    args = retrieve(tree)
+    kern = tv.tree_verify(
+        *args, num_spec_tokens=spec, block_v=block_v, **poisoned(tree.batch_size, tree.num_slots, spec), **target
+    )
+    ref = tv.tree_verify_ref(*args, num_spec_tokens=spec, **poisoned(tree.batch_size, tree.num_slots, spec), **target)
+    return kern, ref
+
+
+def assert_same(kern, ref):
+    assert torch.equal(kern.accept_token_num, ref.accept_token_num)
+    assert torch.equal(kern.accept_index, ref.accept_index)
+    assert torch.equal(kern.predicts, ref.predicts)  # also: the same untouched (poisoned) entries
+
+
+def as_verify_result(out, tree: DraftTree):
+    """SGLang-format outputs -> (accepted local nodes [B, D+1], num_accepted [B], bonus [B], output tokens)."""
+    B, N = tree.tokens.shape
+    idx = out.accept_index.long()
+    local = torch.where(idx >= 0, idx - torch.arange(B)[:, None] * N, -1)
+    num = out.accept_token_num.long()
+    rows = idx.clamp(min=0)
+    tokens = torch.where(idx >= 0, out.predicts.long()[rows], -1)
+    bonus = tokens[torch.arange(B), num]
+    return local, num, bonus, tokens
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# greedy
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("source", ["predict", "logits"])
+def test_greedy_kernel_equals_ref_and_speculators(seed, source):
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 37
+    tree = random_tree(5, 9, vocab, gen)
+    logits = greedy_logits(tree, vocab, gen, ties=(seed == 2))  # seed 2: exact ties, the first maximum wins
+    target = {"target_predict": logits.argmax(-1)} if source == "predict" else {"target_logits": logits}
+    kern, ref = run_both(tree, block_v=16, **target)  # 3 vocab blocks: exercises the blocked argmax
+    assert_same(kern, ref)
+    expected = verify_greedy(tree, logits)
+    for out in (kern, ref):
+        local, num, bonus, tokens = as_verify_result(out, tree)
+        assert torch.equal(num, expected.num_accepted)
+        assert torch.equal(local, expected.accepted_nodes)
+        assert torch.equal(bonus, expected.bonus)
+        assert torch.equal(tokens, expected.output_tokens)
+    if seed != 2:
+        assert int(expected.num_accepted.max()) >= 2, "test trees should be accepted deep somewhere"
+
+
+def test_greedy_worked_example_from_docstring():
+    # root 0 -> children 1 (a=11), 2 (b=12); node 1 -> child 3 (c=13); argmax per node = [12, 0, 22, 0]
+    tree = DraftTree.from_parents(torch.tensor([[5, 11, 12, 13]]), torch.tensor([[-1, 0, 0, 1]]))
+    predict = torch.tensor([[12, 0, 22, 0]])
+    for fn in (tv.tree_verify, tv.tree_verify_ref):
+        out = fn(*retrieve(tree), num_spec_tokens=3, target_predict=predict, **poisoned(1, 4, 3))
+        assert out.accept_index.tolist() == [[0, 2, -1]]
+        assert out.accept_token_num.tolist() == [1]
+        assert out.predicts.tolist() == [12, POISON, 22, POISON]
+
+
+def test_depth_limit_stops_the_walk():
+    # a chain of 4 drafts, all matching, but only num_spec_tokens = 3 (2 drafts) may be accepted
+    tree = DraftTree.from_parents(torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[-1, 0, 1, 2, 3]]))
+    predict = torch.tensor([[2, 3, 4, 5, 9]])
+    for fn in (tv.tree_verify, tv.tree_verify_ref):
+        out = fn(*retrieve(tree), num_spec_tokens=3, target_predict=predict, **poisoned(1, 5, 3))
+        assert out.accept_token_num.tolist() == [2]
+        assert out.accept_index.tolist() == [[0, 1, 2]]
+        assert out.predicts.tolist()[:3] == [2, 3, 4]  # bonus at node 2 is its argmax (4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sampled: kernel and twin make the same decisions from the same coins
+
+
+def _same_or_rounding_tie(kern, ref, tree, probs, final_coins):
+    """Kernel and twin sum the residual in different orders; a bonus may differ only if the twin's u' * R lies
+    within float32 rounding of a CDF boundary. Everything else must be identical."""
+    assert torch.equal(kern.accept_token_num, ref.accept_token_num)
+    assert torch.equal(kern.accept_index, ref.accept_index)
+    diff = (kern.predicts != ref.predicts).nonzero().flatten().tolist()
+    B, N = tree.tokens.shape
+    for row in diff:
+        b = row // N
+        num = int(ref.accept_token_num[b])
+        assert row == int(ref.accept_index[b, num]), "only a bonus may differ"
+        node = row - b * N
+        p = probs[b, node].double()
+        children = tree.tokens[b][(tree.parents[b] == node) & tree.valid()[b]]
+        if num < tree.max_depth:  # stopped by rejection: children removed
+            p[children[p[children] > 0]] = 0
+        coin = final_coins[b] if final_coins.dim() == 1 else final_coins[b, node]
+        u = float(coin) * float(p.sum())
+        assert float((p.cumsum(0) - u).abs().min()) < 1e-5 * max(1.0, float(p.sum())), f"bonus differs at {row}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_sampled_kernel_equals_ref(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    vocab = 50
+    tree = random_tree(6, 8, vocab, gen, dup=(seed == 3))  # seed 3: repeated sibling tokens
+    probs = torch.softmax(boosted_logits(tree, vocab, gen, boost=4.0), dim=-1)
+    if seed == 1:  # zero-probability tokens, children among them
+        probs = probs * (torch.rand(probs.shape, generator=gen) > 0.3)
+        probs = probs / probs.sum(-1, keepdim=True)
+    coins = torch.rand(tree.batch_size, tree.num_slots, generator=gen)
+    final = torch.rand(tree.batch_size, generator=gen) if seed % 2 == 0 else torch.rand(6, 8, generator=gen)
+    if seed == 2:  # extreme coins: 0 and the largest float32 below 1
+        coins[0] = 0.0
+        coins[1] = 1.0 - 2**-24
+        final[0] = 0.0
+        final[1] = 1.0 - 2**-24
+    kern, ref = run_both(
+        tree, block_v=16, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final
+    )
+    _same_or_rounding_tie(kern, ref, tree, probs, final)
+    # the emitted tokens are possible: every accepted child and every bonus has positive probability
+    local, num, bonus, tokens = as_verify_result(ref, tree)
+    for b in range(tree.batch_size):
+        path = local[b, : int(num[b]) + 1].tolist()
+        for parent, child in zip(path, path[1:]):
+            assert probs[b, parent, tree.tokens[b, child]] > 0
+        assert probs[b, path[-1], bonus[b]] > 0
+
+
+def test_sampled_all_mass_on_rejected_children_falls_back_to_a_child():
+    # p(.|root) puts everything on the two children; a coin at 1 - 2^-24 can pass their float32 sum
+    tree = DraftTree.from_parents(torch.tensor([[0, 1, 2]]), torch.tensor([[-1, 0, 0]]))
+    probs = torch.zeros(1, 3, 4)
+    probs[0, 0, 1] = 0.3
+    probs[0, 0, 2] = 0.7 - 1e-7  # float32 sum < 1
+    probs[0, 1:, 3] = 1.0
+    coins = torch.full((1, 3), 1.0 - 2**-24)
+    final = torch.tensor([0.5])
+    kern, ref = run_both(
+        tree, block_v=16, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final
+    )
+    assert_same(kern, ref)
+    bonus = int(ref.predicts[int(ref.accept_index[0, int(ref.accept_token_num[0])])])
+    assert probs[0, 0, bonus] > 0 or int(ref.accept_token_num[0]) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sampled: the twin's law is the target's (and verify_sampled's)
+
+
+def _exact_law(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, int], float]:
+    """P(last accepted node w, bonus y) for request 0: product of p along the path times p_w(y), y not a child
+    of w (at the depth limit every y)."""
+    law = {}
+    valid = tree.valid()[0]
+    p = probs[0].double()
+    p = p / p.sum(-1, keepdim=True)  # float32 rows sum to 1 only within rounding
+
+    def visit(node, mass, depth):
+        children = [c for c in range(tree.num_slots) if valid[c] and int(tree.parents[0, c]) == node]
+        child_tokens = {int(tree.tokens[0, c]) for c in children} if depth < tree.max_depth else set()
+        for y in range(p.shape[1]):
+            if y not in child_tokens and p[node, y] > 0:
+                law[(node, y)] = law.get((node, y), 0.0) + mass * float(p[node, y])
+        if depth < tree.max_depth:
+            seen = set()
+            for c in children:
+                t = int(tree.tokens[0, c])
+                if t not in seen:  # the first child with a token takes it
+                    seen.add(t)
+                    visit(c, mass * float(p[node, t]), depth + 1)
+
+    visit(0, 1.0, 0)
+    return law
+
+
+def _counts(last_node: torch.Tensor, bonus: torch.Tensor, vocab: int) -> dict[tuple[int, int], int]:
+    keys, counts = torch.unique(last_node * vocab + bonus, return_counts=True)
+    return {(int(k) // vocab, int(k) % vocab): int(c) for k, c in zip(keys, counts)}
+
+
+def _chi2_pvalue(observed: dict, law: dict, n: int) -> float:
+    if any(key not in law for key in observed):
+        return 0.0  # an impossible outcome
+    stat = sum((observed.get(k, 0) - n * q) ** 2 / (n * q) for k, q in law.items())
+    df = len(law) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def _sample_ref(tree1: DraftTree, probs1: torch.Tensor, n: int, gen: torch.Generator):
+    """n independent verifications of one tree with the vectorised twin (the tree repeated n times)."""
+    tree = DraftTree(
+        tree1.tokens.expand(n, -1),
+        tree1.parents.expand(n, -1),
+        tree1.depths.expand(n, -1),
+        tree1.num_nodes.expand(n),
+        tree1.max_depth,
+    )
+    N = tree.num_slots
+    probs = probs1.expand(n, -1, -1)
+    out = tv.tree_verify_ref(
+        *retrieve(tree),
+        num_spec_tokens=tree.max_depth + 1,
+        target_probs=probs,
+        uniform_samples=torch.rand(n, N, generator=gen),
+        uniform_samples_for_final_sampling=torch.rand(n, generator=gen),
+    )
+    local, num, bonus, _ = as_verify_result(out, tree)
+    return local[torch.arange(n), num], bonus, tree, probs
+
+
+SAMPLES = 200_000  # a 1% shift of probability mass between two outcomes gives a chi-square excess of ~200
+
+
+def _law_case():
+    gen = torch.Generator().manual_seed(7)
+    # root -> {1, 2, 3}; 1 -> {4, 5}; 4 -> {6}; 2 -> {7}; vocab 6; node 6 at depth 3
+    parents = torch.tensor([[-1, 0, 0, 0, 1, 1, 4, 2]])
+    tokens = torch.tensor([[0, 1, 2, 3, 0, 4, 5, 2]])
+    tree = DraftTree.from_parents(tokens, parents)
+    probs = torch.softmax(torch.randn(1, 8, 6, generator=gen) * 1.5, dim=-1)
+    return tree, probs
+
+
+def test_sampled_ref_is_distributed_as_the_target_and_verify_sampled():
+    tree, probs = _law_case()
+    law = _exact_law(tree, probs)
+    assert abs(sum(law.values()) - 1.0) < 1e-9
+    gen = torch.Generator().manual_seed(11)
+    last, bonus, big_tree, big_probs = _sample_ref(tree, probs, SAMPLES, gen)
+    ref_counts = _counts(last, bonus, probs.shape[-1])
+    assert _chi2_pvalue(ref_counts, law, SAMPLES) > 1e-4
+
+    spec = verify_sampled(big_tree, big_probs, gen)
+    last_s = spec.accepted_nodes[torch.arange(SAMPLES), spec.num_accepted]
+    spec_counts = _counts(last_s, spec.bonus, probs.shape[-1])
+    assert _chi2_pvalue(spec_counts, law, SAMPLES) > 1e-4
+
+    # two-sample homogeneity: the twin and verify_sampled draw from the same law
+    keys = sorted(set(ref_counts) | set(spec_counts))
+    stat = 0.0
+    for k in keys:
+        a, b = ref_counts.get(k, 0), spec_counts.get(k, 0)
+        stat += (a - b) ** 2 / (a + b)
+    df = len(keys) - 1
+    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+    assert p > 1e-4
+
+
+def test_the_law_test_detects_a_one_percent_bias():
+    """The same test fails for a sampler that is 1% off: draw from a target with 0.01 of the root's mass moved
+    from a non-child token to child 1, compare with the unbiased law."""
+    tree, probs = _law_case()
+    law = _exact_law(tree, probs)
+    biased = probs.clone()
+    biased[0, 0, 5] -= 0.01  # token 5 is not a child of the root
+    biased[0, 0, 1] += 0.01
+    assert biased[0, 0, 5] > 0
+    last, bonus, _, _ = _sample_ref(tree, biased, SAMPLES, torch.Generator().manual_seed(12))
+    assert _chi2_pvalue(_counts(last, bonus, probs.shape[-1]), law, SAMPLES) < 1e-6
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_inputs_are_checked():
+    tree = DraftTree.from_parents(torch.tensor([[0, 1]]), torch.tensor([[-1, 0]]))
+    with pytest.raises(ValueError, match="exactly one"):
+        tv.tree_verify_ref(*retrieve(tree), num_spec_tokens=2)
+    with pytest.raises(ValueError, match="uniform"):
+        tv.tree_verify_ref(*retrieve(tree), num_spec_tokens=2, target_probs=torch.ones(1, 2, 3) / 3)
+
+
+def test_env_restored_after_import():
+    assert os.environ.get("TRITON_INTERPRET") == _ENV_BEFORE
+
+
+if not IN_PROCESS:  # Triton was imported here before without the interpreter: run this module in a fresh process
+    for _name in [n for n in list(globals()) if n.startswith("test_")]:
+        del globals()[_name]
+
+    def test_module_in_fresh_interpreter_process():
+        rc, output = run_pytest_in_fresh_process(__file__, interpret=True)
+        assert rc == 0, output
