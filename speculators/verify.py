@@ -91,31 +91,33 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-def _walk(tree: DraftTree, draw: Callable[[torch.Tensor], torch.Tensor]) -> VerifyResult:
+def _walk(tree: DraftTree, draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> VerifyResult:
     """Descend from the root while the token drawn at the current node is one of its children.
 
-    ``draw(node [B]) -> token [B]`` gives the target's token at each request's current node; a draw is made at
-    every depth (rows that already stopped discard theirs).
+    ``draw(rows [R], node [R]) -> token [R]`` gives the target's token at node ``node[r]`` of request ``rows[r]``;
+    it is called once per depth for the requests still descending.
     """
     batch, _ = tree.tokens.shape
     device = tree.tokens.device
     valid = tree.valid()
+    rows = torch.arange(batch, device=device)  # [R] requests still descending
     node = torch.zeros(batch, dtype=torch.long, device=device)  # [B] current node
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
     num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
     accepted = torch.full((batch, tree.max_depth + 1), NO_NODE, dtype=torch.long, device=device)
     accepted[:, 0] = 0
     output = torch.full((batch, tree.max_depth + 1), PAD_TOKEN_ID, dtype=torch.long, device=device)
-    token = draw(node)  # [B]
+    token = draw(rows, node)  # [B] token drawn at each request's current node
     for depth in range(1, tree.max_depth + 1):
-        match = valid & (tree.parents == node[:, None]) & (tree.tokens == token[:, None])  # [B, N]
-        alive &= match.any(dim=1)
-        child = match.int().argmax(dim=1)  # first matching child = SGLang's sibling order
-        node = torch.where(alive, child, node)
-        accepted[:, depth] = torch.where(alive, child, NO_NODE)
-        output[:, depth - 1] = torch.where(alive, token, output[:, depth - 1])
-        num_accepted += alive.long()
-        token = torch.where(alive, draw(node), token)
+        match = valid[rows] & (tree.parents[rows] == node[rows, None]) & (tree.tokens[rows] == token[rows, None])
+        hit = match.any(dim=1)  # [R]
+        rows, child = rows[hit], match[hit].int().argmax(dim=1)  # first matching child = SGLang's sibling order
+        if rows.numel() == 0:
+            break
+        node[rows] = child
+        accepted[rows, depth] = child
+        output[rows, depth - 1] = token[rows]
+        num_accepted[rows] += 1
+        token[rows] = draw(rows, child)
     output.scatter_(1, num_accepted[:, None], token[:, None])
     return VerifyResult(accepted, num_accepted, token, output)
 
@@ -128,7 +130,7 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     Example: tree r -> {a (1), b (2)}, a -> c (3); argmax per node = [b, ., y, .]: accept node 2, bonus y.
     """
     predict = target_logits.argmax(dim=-1)  # [B, N]
-    return _walk(tree, lambda node: predict.gather(1, node[:, None])[:, 0])
+    return _walk(tree, lambda rows, node: predict[rows, node])
 
 
 def verify_sampled(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator) -> VerifyResult:
@@ -138,9 +140,7 @@ def verify_sampled(tree: DraftTree, target_probs: torch.Tensor, generator: torch
     At node v draw y ~ p(.|v); descend if y is a child's token, else y is the bonus. On a chain this is "accept x
     with probability p(x), else draw the recovered token from p with x removed".
     """
-    batch = target_probs.shape[0]
-    rows = torch.arange(batch, device=target_probs.device)
-    return _walk(tree, lambda node: sample_tokens(target_probs[rows, node], generator))
+    return _walk(tree, lambda rows, node: sample_tokens(target_probs[rows, node], generator))
 
 
 def verify_chain_stochastic(
