@@ -44,6 +44,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.plugin:install_server_info",
         "reports the plugin's version and this table's outcome in /server_info from the scheduler process",
     ),
+    Entry(
+        "cpu-absorbed-mla",
+        "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry",
+        "sglang_kimi.cpu.fixes:install_absorbed_mla_handler",
+        "upstream bug: with torch_native, MLA prefill takes the MHA path but TorchNativeAttnBackend.forward_extend "
+        "ignores the given k/v and attends over the latent pool (wrong logits); route torch_native to absorbed MLA",
+        when=CPU_ONLY,
+    ),
 )
 
 # name -> "ok" | "skipped: <why>" | "failed: <error>"; filled by register_all() in this process.

@@ -1,0 +1,138 @@
+"""``sglang-kimi``: serve, demo, doctor (and the eval, bench and tuning commands).
+
+Every command has ``--help``. Bad input ends with one line on stderr naming the problem and the fix, and a
+non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from sglang_kimi import __version__
+
+SERVE_EPILOG = """\
+Every argument not listed above goes to `python -m sglang.launch_server` unchanged. Defaults added when not
+given: --model-path (the embedded tiny Kimi-K2.6 model), --host 127.0.0.1, --port 30000. On a machine without
+a GPU also: SGLANG_USE_CPU_ENGINE=1, --device cpu, --attention-backend torch_native, --sampling-backend pytorch,
+--disable-cuda-graph, --dtype float32, and the CPU import shims for sgl_kernel / torchvision.
+
+examples:
+  sglang-kimi serve
+  sglang-kimi serve --model-path moonshotai/Kimi-K2.6 --tp 8 --speculative-algorithm DFLASH \\
+      --speculative-draft-model-path z-lab/Kimi-K2.6-DFlash --speculative-num-draft-tokens 8
+"""
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"sglang-kimi: error: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
+    from sglang_kimi.server import LaunchError, ServerProcess, launch_command, require_sglang
+
+    try:
+        require_sglang(args.allow_untested_sglang)
+        spec = launch_command(sglang_args)
+    except LaunchError as exc:
+        return _fail(str(exc))
+    mode = "CPU (shims: " + (", ".join(spec.shims) or "none") + ")" if spec.cpu else "GPU"
+    print(f"sglang-kimi {__version__}: starting SGLang on {mode} at {spec.base_url}", flush=True)
+    print("  " + " ".join(spec.argv[1:]), flush=True)
+    server = ServerProcess(spec)
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return server.proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sglang_kimi.demo import run_demo
+    from sglang_kimi.server import LaunchError
+
+    try:
+        return run_demo(args)
+    except LaunchError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print("\ninterrupted: the server was stopped", file=sys.stderr)
+        return 130
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from sglang_kimi.doctor import run_doctor
+
+    return run_doctor(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-kimi",
+        description="SGLang plugin for fast, lossless speculative decoding of Kimi-K2.6 "
+        "(DFlash with DDTree draft trees, EAGLE3 trees).",
+    )
+    parser.add_argument("--version", action="version", version=f"sglang-kimi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="launch real SGLang with the plugin (CPU settings applied on a machine without a GPU)",
+        description="Launch `python -m sglang.launch_server` with the plugin loaded.",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--allow-untested-sglang",
+        action="store_true",
+        help="start even when the installed SGLang is outside the tested version range",
+    )
+
+    demo = sub.add_parser(
+        "demo",
+        help="start the embedded tiny Kimi model in real SGLang on CPU and answer a few GSM8K questions",
+        description="The first run: starts the embedded tiny Kimi-K2.6-architecture model in real SGLang, answers "
+        "a few GSM8K questions, prints each answer, tokens/s and the plugin's registration status read back from "
+        "/server_info, then stops the server (also on Ctrl-C).",
+    )
+    demo.add_argument("--questions", type=int, default=3, help="how many GSM8K questions to ask (default 3)")
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer (default 96)")
+    demo.add_argument("--port", type=int, default=None, help="server port (default: a free port)")
+    demo.add_argument("--log", default=None, help="where to write the server log (default: a temporary file)")
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="versions, device, what the plugin registers in SGLang, problems found (exit 1 on a problem)",
+        description="Checks this machine: versions (sglang, torch, triton, transformers, aiter), the device, "
+        "whether SGLang loads the plugin and what it registers (checked in a fresh SGLang process), the embedded "
+        "assets and the kernel overrides that would be active. Exits 1 when it finds a problem.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        args, rest = parser.parse_known_args(argv)
+        return cmd_serve(args, rest)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return cmd_demo(args)
+    if args.command == "doctor":
+        return cmd_doctor(args)
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

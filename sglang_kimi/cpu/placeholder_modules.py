@@ -1,0 +1,39 @@
+"""Import machinery shared by the CPU import shims in ``shims/``: placeholder submodules on demand."""
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Callable
+
+
+class PlaceholderSubmodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes every ``<package>.<sub>`` import succeed with a module whose attributes come from ``make_getattr``.
+
+    ``make_getattr(module_name)`` returns the module-level ``__getattr__`` of that placeholder module.
+    """
+
+    def __init__(self, package: str, make_getattr: Callable[[str], Callable[[str], object]]):
+        self.prefix = package + "."
+        self.make_getattr = make_getattr
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith(self.prefix):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = self.make_getattr(spec.name)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def install(package: str, make_getattr: Callable[[str], Callable[[str], object]]) -> None:
+    """Install the placeholder finder for ``package`` once per process."""
+    prefix = package + "."
+    if not any(isinstance(f, PlaceholderSubmodules) and f.prefix == prefix for f in sys.meta_path):
+        sys.meta_path.append(PlaceholderSubmodules(package, make_getattr))

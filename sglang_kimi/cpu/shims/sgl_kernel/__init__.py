@@ -1,0 +1,45 @@
+"""CPU stand-in for ``sgl_kernel`` (see ../README.md).
+
+Ops with a torch implementation come from ``sglang_kimi.cpu.sgl_kernel_ops``; any other attribute or
+submodule is a placeholder that raises ``NotImplementedError`` naming the op when called.
+"""
+
+from sglang_kimi.cpu.placeholder_modules import install
+from sglang_kimi.cpu.sgl_kernel_ops import OPS
+
+__version__ = "0.0.0+sglang_kimi_cpu_shim"
+SHIM = True
+
+class _MissingOp:
+    """An sgl_kernel op the CPU shim does not implement."""
+
+    def __init__(self, qualname: str):
+        self._qualname = qualname
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{self._qualname} is not available on CPU: sglang-kimi's sgl_kernel shim has no torch "
+            "implementation of it (this code path needs a GPU build of sgl_kernel)"
+        )
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _MissingOp(f"{self._qualname}.{name}")
+
+    def __repr__(self) -> str:
+        return f"<missing sgl_kernel op {self._qualname}>"
+
+def _module_getattr(module_name: str):
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in OPS:
+            return OPS[name]
+        return _MissingOp(f"{module_name}.{name}")
+
+    return __getattr__
+
+__getattr__ = _module_getattr("sgl_kernel")
+
+install("sgl_kernel", _module_getattr)

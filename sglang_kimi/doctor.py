@@ -1,0 +1,123 @@
+"""``sglang-kimi doctor``: versions, device, what the plugin registers, problems found."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, entry_points, version
+
+from sglang_kimi import SUPPORTED_SGLANG, __version__
+from sglang_kimi.server import SGLANG_INSTALL_HINT, TINY_MODEL, has_gpu, sglang_env
+
+PACKAGES = ("sglang", "torch", "triton", "transformers", "amd-aiter", "lm-eval")
+STATE_MARK = "SGLANG_KIMI_STATE="
+
+# Runs in a fresh interpreter with the environment `sglang-kimi serve` gives SGLang: SGLang's own plugin loader,
+# then the plugin's record of what it registered and whether SGLang applied each hook.
+PROBE = f"""
+import json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_kimi.plugin import plugin_state
+print({STATE_MARK!r} + json.dumps(plugin_state()))
+"""
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {"sglang-kimi": __version__}
+    for name in PACKAGES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def device_description() -> str:
+    import torch
+
+    if not has_gpu():
+        return "cpu (no CUDA or ROCm device: `sglang-kimi serve` applies the CPU settings)"
+    backend = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    return f"{torch.cuda.device_count()} x {', '.join(names)} ({backend})"
+
+
+def probe_registration(cpu: bool) -> tuple[dict | None, str]:
+    """Load the plugins in a fresh SGLang process; returns the plugin's state, or None and the error output."""
+    env, _ = sglang_env(cpu)
+    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+    for line in result.stdout.splitlines():
+        if line.startswith(STATE_MARK):
+            return json.loads(line[len(STATE_MARK):]), ""
+    return None, (result.stderr or result.stdout)[-2000:]
+
+
+def collect() -> dict:
+    from sglang_kimi.plugin import REGISTRATIONS, version_in_range
+
+    problems: list[str] = []
+    versions = package_versions()
+    cpu = not has_gpu()
+    report = {"versions": versions, "device": device_description(), "cpu_mode": cpu}
+
+    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    report["entry_point"] = plugins.get("kimi")
+    if plugins.get("kimi") != "sglang_kimi:register":
+        problems.append("the sglang.srt.plugins entry point `kimi` is missing: reinstall with `pip install sglang-kimi`")
+
+    sglang = versions["sglang"]
+    if sglang is None:
+        problems.append(f"SGLang is not installed: {SGLANG_INSTALL_HINT}")
+    else:
+        if not version_in_range(sglang, SUPPORTED_SGLANG):
+            problems.append(f"sglang {sglang} is outside the tested range {SUPPORTED_SGLANG[0]}..{SUPPORTED_SGLANG[1]}")
+        state, error = probe_registration(cpu)
+        report["plugin"] = state
+        if state is None:
+            problems.append("SGLang could not load the plugin in a fresh process:\n" + error)
+        else:
+            for name in state.get("failed", []):
+                problems.append(f"registration {name!r} failed: {state['registrations'][name]}")
+    report["registrations"] = [
+        {"name": e.name, "target": e.target, "when": e.when, "why": e.why} for e in REGISTRATIONS
+    ]
+    report["tiny_model"] = str(TINY_MODEL) if (TINY_MODEL / "config.json").exists() else None
+    if report["tiny_model"] is None:
+        problems.append(f"the embedded tiny model is missing at {TINY_MODEL}: reinstall sglang-kimi")
+    report["problems"] = problems
+    return report
+
+
+def print_report(report: dict) -> None:
+    print(f"sglang-kimi {report['versions']['sglang-kimi']}")
+    print("versions:")
+    for name, ver in report["versions"].items():
+        print(f"  {name:<14} {ver or 'not installed'}")
+    print(f"device: {report['device']}")
+    state = report.get("plugin") or {}
+    outcomes = state.get("registrations", {})
+    print("registrations (checked in a fresh SGLang process):")
+    for entry in report["registrations"]:
+        outcome = outcomes.get(entry["name"], "not run")
+        print(f"  {entry['name']:<24} {outcome}")
+        print(f"      {entry['target']}")
+        print(f"      {entry['why']}")
+    print(f"tiny model: {report['tiny_model'] or 'missing'}")
+    if report["problems"]:
+        print("problems:")
+        for problem in report["problems"]:
+            print(f"  - {problem}")
+    else:
+        print("no problems found")
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 1 if report["problems"] else 0

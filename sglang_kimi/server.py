@@ -1,0 +1,333 @@
+"""Launch real SGLang server processes with the plugin, on a GPU box or on this CPU.
+
+On a machine without a GPU, :func:`launch_command` applies SGLang's CPU settings (``SGLANG_USE_CPU_ENGINE=1``,
+``--device cpu``, the torch_native attention backend, the pytorch sampler, no CUDA graph, float32) and puts the
+CPU import shims (``sglang_kimi/cpu/shims``) on the server's ``PYTHONPATH`` for the packages that cannot be
+imported here. The server runs in its own process group, and :meth:`ServerProcess.stop` ends the whole group:
+SIGTERM alone can leave SGLang's scheduler and detokenizer behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from sglang_kimi import SUPPORTED_SGLANG
+
+SHIMS_DIR = Path(__file__).parent / "cpu" / "shims"
+ASSETS_DIR = Path(__file__).parent / "assets"
+TINY_MODEL = ASSETS_DIR / "tiny-kimi-k2.6"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+
+# Flags applied on a CPU-only machine unless the user gives them.
+CPU_DEFAULTS: dict[str, str | None] = {
+    "--device": "cpu",
+    "--attention-backend": "torch_native",
+    "--sampling-backend": "pytorch",
+    "--disable-cuda-graph": None,
+    "--dtype": "float32",  # float32 on CPU: exact parity with transformers; bf16 CPU matmuls differ by ~2e-3
+    "--mem-fraction-static": "0.05",
+    "--max-total-tokens": "65536",
+    "--skip-server-warmup": None,
+}
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class LaunchError(RuntimeError):
+    """A server could not be started; the message names the problem and the fix."""
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()  # true on CUDA and ROCm builds with a device
+    except ImportError:
+        return False
+
+
+def sglang_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+SGLANG_INSTALL_HINT = (
+    "pip install 'sglang-kimi[sglang]' on a GPU machine; on a CPU-only machine run `make install` in the "
+    "sglang-kimi checkout (it installs sglang==0.5.23 without its CUDA dependencies)"
+)
+
+
+def require_sglang(allow_untested: bool = False) -> str:
+    from sglang_kimi.plugin import version_in_range
+
+    version = sglang_version()
+    if version is None:
+        raise LaunchError(f"SGLang is not installed: {SGLANG_INSTALL_HINT}")
+    if not allow_untested and not version_in_range(version, SUPPORTED_SGLANG):
+        raise LaunchError(
+            f"sglang {version} is installed but sglang-kimi is tested with sglang {SUPPORTED_SGLANG[1]}: "
+            f"install it with `pip install sglang=={SUPPORTED_SGLANG[1]}` or pass --allow-untested-sglang"
+        )
+    return version
+
+
+def _real_package_imports(name: str) -> bool:
+    """Whether the real ``name`` imports in a fresh interpreter (checked out of process: a broken CUDA
+    wheel can fail at import in ways that leave this process unusable)."""
+    if importlib.util.find_spec(name) is None:
+        return False
+    probe = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+def shims_needed() -> list[str]:
+    """The CPU shims this machine needs: those whose real package is missing or does not import."""
+    return [name for name in ("sgl_kernel", "torchvision") if not _real_package_imports(name)]
+
+
+def sglang_env(cpu: bool) -> tuple[dict[str, str], list[str]]:
+    """The environment of an SGLang process started by the plugin, and the shims put on its path."""
+    env = dict(os.environ)
+    shims: list[str] = []
+    if cpu:
+        env.update(CPU_ENV)
+        shims = shims_needed()
+        if shims:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIMS_DIR), env.get("PYTHONPATH")]))
+    return env, shims
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in args)
+
+
+# Path flags made absolute: the server runs in a neutral working directory (see ServerProcess).
+PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
+
+
+def _absolute_paths(args: list[str]) -> list[str]:
+    out = list(args)
+    for i, arg in enumerate(out):
+        for flag in PATH_FLAGS:
+            if arg == flag and i + 1 < len(out) and Path(out[i + 1]).expanduser().exists():
+                out[i + 1] = str(Path(out[i + 1]).expanduser().resolve())
+            elif arg.startswith(flag + "=") and Path(arg.split("=", 1)[1]).expanduser().exists():
+                out[i] = flag + "=" + str(Path(arg.split("=", 1)[1]).expanduser().resolve())
+    return out
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_model_path(model_path: str) -> None:
+    path = Path(model_path).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").exists():
+            raise LaunchError(f"model path {model_path} has no config.json: point --model-path at a checkpoint folder")
+        return
+    if HUB_ID.match(model_path) and not os.environ.get("HF_HUB_OFFLINE"):
+        return  # a hub id, resolved by SGLang
+    raise LaunchError(f"model path {model_path} does not exist: pass --model-path with an existing checkpoint folder")
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise LaunchError(f"port {port} on {host} is already in use: pass --port with a free port") from None
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    cpu: bool
+    shims: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int | None = None) -> LaunchSpec:
+    """The argv and environment that start ``sglang.launch_server`` with ``sglang_args``.
+
+    Defaults: ``--model-path`` is the embedded tiny Kimi model, ``--host`` 127.0.0.1, ``--port`` 30000
+    (or ``port``); on a CPU-only machine (``cpu`` None: detected) the :data:`CPU_DEFAULTS` the user did not
+    give, the CPU environment and the needed shims.
+    """
+    args = list(sglang_args)
+    if not _has_flag(args, "--model-path"):
+        args = ["--model-path", str(TINY_MODEL)] + args
+    check_model_path(_flag_value(args, "--model-path"))
+    args = _absolute_paths(args)
+    host = _flag_value(args, "--host") or DEFAULT_HOST
+    if not _has_flag(args, "--host"):
+        args += ["--host", host]
+    given_port = _flag_value(args, "--port")
+    port = int(given_port) if given_port else (port or DEFAULT_PORT)
+    if not given_port:
+        args += ["--port", str(port)]
+    check_port_free(host, port)
+
+    cpu = (not has_gpu()) if cpu is None else cpu
+    if cpu:
+        for flag, value in CPU_DEFAULTS.items():
+            if not _has_flag(args, flag):
+                args += [flag] if value is None else [flag, value]
+    env, shims = sglang_env(cpu)
+    argv = [sys.executable, "-m", "sglang.launch_server", *args]
+    return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims)
+
+
+class ServerProcess:
+    """A running SGLang server in its own process group; a context manager that always stops it."""
+
+    def __init__(self, spec: LaunchSpec, log_path: Path | None = None):
+        self.spec = spec
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else None
+        # A neutral working directory: the repo root holds folders named like other PyPI packages.
+        self.proc = subprocess.Popen(
+            spec.argv,
+            env=spec.env,
+            cwd=tempfile.gettempdir(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
+            start_new_session=True,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the leader's pid is the group id
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join([line for line in text if "Ignore import error" not in line][-lines:])
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LaunchError(
+                    f"SGLang exited with code {self.proc.returncode} during start-up"
+                    + (f"; its log ({self.log_path}) ends with:\n{self.log_tail()}" if self.log_path else "")
+                )
+            try:
+                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise LaunchError(f"SGLang did not become ready within {timeout:.0f} s (log: {self.log_path})")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left of it."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and group_alive(self.pgid):
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if not group_alive(self.pgid):
+                break
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state != "Z":
+            return True
+    return False
+
+
+def start_server(
+    sglang_args: list[str],
+    *,
+    cpu: bool | None = None,
+    port: int | None = None,
+    log_path: Path | None = None,
+    timeout: float = 300.0,
+) -> ServerProcess:
+    """Launch SGLang with ``sglang_args`` and wait until it answers ``/health``."""
+    spec = launch_command(sglang_args, cpu=cpu, port=port)
+    server = ServerProcess(spec, log_path)
+    try:
+        server.wait_ready(timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def plugin_state(base_url: str) -> dict:
+    """The plugin's state reported by the server's scheduler (``/server_info``)."""
+    info = requests.get(base_url + "/server_info", timeout=30).json()
+    states = info.get("internal_states") or [{}]
+    return states[0].get("sglang_kimi") or {}
+
+
