@@ -282,7 +282,11 @@ if triton is not None:
         t = g // num_heads
         h = g % num_heads
         o_row = t * stride_ot + h * stride_oh
-        tl.store(out_ptr + o_row[:, None] + offs_dv[None, :], o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
+        tl.store(
+            out_ptr + o_row[:, None] + offs_dv[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & dv_ok[None, :],
+        )
         tl.store(lse_ptr + g, lse, mask=g_ok)
 
 
@@ -301,7 +305,17 @@ def default_config(num_nodes: int, num_heads: int, batch: int, max_ctx: int, dev
         sms = 4
     want = -(-2 * sms // max(1, batch * tiles))
     splits = max(1, min(want, -(-max_ctx // 256), 32))
-    return {"block_m": block_m, "block_n": 32, "num_warps": 4 if block_m <= 16 else 8, "num_stages": 2, "num_kv_splits": splits}
+    if torch.version.hip:
+        # MI300-class LDS is 64 KiB: a [512, 32] bf16 key tile double-buffered does not fit (SGLang's MLA decode
+        # kernel drops to 16 keys per block on HIP for the same reason).
+        return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1, "num_kv_splits": splits}
+    return {
+        "block_m": block_m,
+        "block_n": 32,
+        "num_warps": 4 if block_m <= 16 else 8,
+        "num_stages": 2,
+        "num_kv_splits": splits,
+    }
 
 
 def tree_mla_attention(
