@@ -12,9 +12,19 @@ import typing
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 import torch
 
 from sglang_kimi.speculators.trees import DraftTree
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """These tests run many tiny ops, where waking torch's CPU thread pool costs more than the work itself."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # --------------------------------------------------------------------------------------------------------------
 # Plain-Python views of a DraftTree

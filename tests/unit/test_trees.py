@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _spec_helpers import (
+from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
     children_of,
     ddtree_brute_force,
     ddtree_heap,
     path_to_root,
     random_tree,
     sglang_speculative,
+    single_thread,
     tree_lists,
 )
 from hypothesis import given, settings
