@@ -1,0 +1,423 @@
+#!/usr/bin/env python
+"""Benchmark the verify kernels on a CUDA or ROCm GPU; print a table and write JSON to bench/results/.
+
+Sections (``--sections``):
+
+- ``copy``: device-to-device copy of 1 GiB, bytes read + written: the bandwidth ceiling the others are compared to.
+- ``attention``: tree MLA attention (bf16, Kimi widths 512 + 64) at TP8/TP4/TP1 head counts, tree sizes 1..64,
+  prefixes 1k..32k, batch 1..64. Floor = the bytes it must move: every request's latent KV rows once
+  (prefix + N rows of 576 bf16), q, out and the req_to_token entries. Reports achieved GB/s, the fraction of the
+  measured copy bandwidth, the ratio to the torch twin, and to SGLang's Triton MLA *decode* kernel run on the same
+  work as B*N independent decode queries (what verify costs without a tree kernel: the prefix read N times).
+- ``ddtree``: batched DDTree build, bs 64, budget 64, depth 7, Kimi vocab: ranking (top-K) and the build kernel,
+  against ``speculators.trees.build_ddtree`` (vectorised torch) and the per-request heap baseline
+  (``kernels.ddtree_build.ddtree_build_ref``, what a CPU heap per request costs, device copy included).
+- ``verify``: tree verification at Kimi vocab, greedy (from logits: argmax only at visited nodes) and sampled,
+  against the torch twin (greedy: plus torch.argmax over every node).
+- ``moe``: SGLang's fused-MoE Triton kernel at verify M = batch x draft tokens with the plugin's table for this
+  device against SGLang's own choice (its table, else its default tiles), for every plugin table of the device.
+
+Timing (``.library/device/METHOD.md``): CUDA events around each call, warm-up first, median of repeats, inputs
+rotated among enough copies to exceed the L2 cache for small shapes; each kernel timed twice (``ms`` and
+``ms_again``) so the spread is visible. Never zeros: inputs are random.
+
+``--interpret-smoke`` runs tiny shapes on the CPU through Triton's interpreter to prove the script end to end;
+its timings mean nothing and nothing is written to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("copy", "attention", "ddtree", "verify", "moe")
+KIMI_VOCAB = 163840
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--quick", action="store_true", help="fewer shapes")
+    p.add_argument("--interpret-smoke", action="store_true", help="tiny shapes on CPU under Triton's interpreter")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Timer:
+    """Median milliseconds of ``fn(args)`` over ``reps`` calls, cycling through ``arg_sets``."""
+
+    def __init__(self, torch, device, warmup: int, reps: int):
+        self.torch, self.device, self.warmup, self.reps = torch, device, warmup, reps
+
+    def __call__(self, fn, arg_sets) -> float:
+        torch = self.torch
+        for i in range(self.warmup):
+            fn(*arg_sets[i % len(arg_sets)])
+        times = []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            for i in range(self.reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                args = arg_sets[i % len(arg_sets)]
+                start.record()
+                fn(*args)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        else:
+            for i in range(self.reps):
+                args = arg_sets[i % len(arg_sets)]
+                t0 = time.perf_counter()
+                fn(*args)
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def copies_for_cache(torch, device, nbytes: int) -> int:
+    """How many input copies to rotate among so that together they exceed twice the L2 cache."""
+    if device.type != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
+    return max(1, min(8, -(-2 * l2 // max(1, nbytes))))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def bench_copy(ctx):
+    torch, device = ctx["torch"], ctx["device"]
+    n = (1 << 29) if device.type == "cuda" else (1 << 16)  # 1 GiB of bf16 on the GPU
+    x = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = ctx["timer"](lambda a, b: b.copy_(a), [(x, y)])
+    gbs = 2 * x.numel() * x.element_size() / ms / 1e6
+    ctx["copy_gbs"] = gbs
+    case = f"{x.numel() * x.element_size() / 2**20:.3g} MiB bf16"
+    return [{"section": "copy", "case": case, "impl": "torch copy_", "ms": ms, "GB/s": gbs}]
+
+
+def _attention_case(torch, device, batch, nodes, heads, prefix, gen):
+    from sglang_kimi.speculators.trees import DraftTree
+
+    prefix_lens = torch.randint(max(1, prefix // 2), prefix + 1, (batch,), generator=gen).to(torch.int32)
+    lengths = (prefix_lens + nodes).tolist()
+    total = sum(lengths)
+    slots = torch.randperm(total, generator=gen).to(torch.int32)
+    req_to_token = torch.zeros(batch, max(lengths) + 8, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(lengths):
+        req_to_token[b, :n] = slots[start : start + n]
+        start += n
+    parents = torch.full((batch, nodes), -1, dtype=torch.long)
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(i, (batch,), generator=gen)
+    mask = DraftTree.from_parents(torch.zeros(batch, nodes, dtype=torch.long), parents).ancestor_mask()
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(batch * nodes, heads, 576, generator=gen).to(dt)
+    kv = torch.randn(total, 1, 576, generator=gen).to(dt)
+    to = lambda t: t.to(device)  # noqa: E731
+    return dict(
+        q=to(q), kv=to(kv), r2t=to(req_to_token), pool=to(torch.arange(batch)), prefix=to(prefix_lens), mask=to(mask),
+        lengths=lengths,
+    )
+
+
+def _sglang_decode_baseline(torch, case, heads, nodes, scale):
+    """SGLang's Triton MLA decode kernel on the same work as B*N decode queries, each over its request's prefix
+    plus the tree slots it sees (its ancestors). Returns a callable, or the reason it cannot run."""
+    try:
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    except Exception as exc:  # noqa: BLE001
+        return f"unavailable: {type(exc).__name__}: {exc}"
+    device = case["q"].device
+    mask = case["mask"]
+    r2t = case["r2t"]
+    pieces, counts = [], []
+    for b, length in enumerate(case["lengths"]):
+        prefix = length - nodes
+        row = r2t[b]
+        for i in range(nodes):
+            seen = row[prefix : prefix + nodes][mask[b, i]]
+            pieces += [row[:prefix], seen]
+            counts.append(prefix + seen.numel())
+    kv_indices = torch.cat(pieces).to(torch.int32)
+    kv_indptr = torch.zeros(len(counts) + 1, dtype=torch.int32, device=device)
+    kv_indptr[1:] = torch.tensor(counts, device=device).cumsum(0)
+    queries = len(counts)
+    # SGLang's split workspace is [queries, heads, splits, 512] fp32: keep it under 2 GiB
+    max_splits = max(1, min(16, (1 << 31) // (queries * heads * 512 * 4)))
+    logits = torch.empty(queries, heads, max_splits, 512, dtype=torch.float32, device=device)
+    lse = torch.empty(queries, heads, max_splits, dtype=torch.float32, device=device)
+    splits = torch.full((queries,), max_splits, dtype=torch.int32, device=device)
+    out = torch.empty(queries, heads, 512, dtype=case["q"].dtype, device=device)
+    kv = case["kv"]
+
+    def run(q):
+        decode_attention_fwd(
+            q, kv, kv[..., :512], out, kv_indptr, kv_indices, logits, lse, splits, max_splits, scale, 1.0, 1.0,
+            has_mla=True,
+        )
+        return out
+
+    return run
+
+
+def bench_attention(ctx):
+    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    from sglang_kimi.kernels import tree_mla_attention as tm
+
+    if ctx["smoke"]:
+        shapes = [(2, 4, 2, 40)]
+    elif ctx["quick"]:
+        shapes = [(1, 8, 8, 32768), (16, 8, 8, 4096), (64, 16, 8, 1024)]
+    else:
+        shapes = [
+            (b, n, h, p)
+            for h in (8, 16, 64)
+            for n in (1, 4, 8, 16, 32, 64)
+            for (b, p) in ((1, 32768), (8, 8192), (64, 1024), (16, 4096))
+            if b * n * h * (p + n) <= (1 << 31)  # keep the twin's score tensor bounded
+        ]
+    scale = tm.mla_sm_scale(128, 64)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for batch, nodes, heads, prefix in shapes:
+        case = _attention_case(torch, device, batch, nodes, heads, prefix, gen)
+        elem = case["kv"].element_size()
+        kv_rows = sum(case["lengths"])
+        floor_bytes = kv_rows * 576 * elem + 2 * case["q"].numel() * elem + kv_rows * 4  # KV once, q, out, slots
+        n_copies = copies_for_cache(torch, device, kv_rows * 576 * elem)
+        qs = [(case["q"].clone(),) for _ in range(n_copies)]
+        name = f"B={batch} N={nodes} H={heads} prefix<={prefix}"
+        common = (case["kv"], case["r2t"], case["pool"], case["prefix"], case["mask"], scale)
+        row = {"section": "attention", "case": name, "bytes": floor_bytes}
+        for impl, kw in (("tree kernel", {}), ("tree kernel fused", {"num_kv_splits": 1})):
+            fn = lambda q, kw=kw: tm.tree_mla_attention(q, *common, **kw)  # noqa: E731
+            ms, ms2 = timer(fn, qs), timer(fn, qs)
+            gbs = floor_bytes / ms / 1e6
+            rows.append({**row, "impl": impl, "ms": ms, "ms_again": ms2, "GB/s": gbs,
+                         "of_copy": gbs / ctx["copy_gbs"] if ctx.get("copy_gbs") else None})
+        kernel_ms = rows[-2]["ms"]
+        ref_ms = timer(lambda q: tm.tree_mla_attention_ref(q, *common), qs[:1]) if batch * nodes * heads <= 8192 else None
+        rows.append({**row, "impl": "torch twin", "ms": ref_ms, "x_vs_kernel": ref_ms / kernel_ms if ref_ms else None})
+        base = _sglang_decode_baseline(torch, case, heads, nodes, scale)
+        if callable(base):
+            mine = tm.tree_mla_attention(case["q"], *common).float()
+            err = float((base(case["q"]).float() - mine).norm() / mine.norm())  # the same function, computed twice
+            ms = timer(base, qs)
+            rows.append({**row, "impl": "SGLang MLA decode (B*N queries)", "ms": ms, "x_vs_kernel": ms / kernel_ms,
+                         "note": f"rel. diff vs tree kernel {err:.1e}"})
+        else:
+            rows.append({**row, "impl": "SGLang MLA decode (B*N queries)", "note": base})
+    return rows
+
+
+def bench_ddtree(ctx):
+    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    from sglang_kimi.kernels import ddtree_build as dd
+    from sglang_kimi.speculators.trees import build_ddtree
+
+    batch, length, budget, vocab = (2, 3, 6, 50) if ctx["smoke"] else (64, 7, 64, KIMI_VOCAB)
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(batch, length, vocab, generator=gen) * 3).to(device)
+    root = torch.randint(vocab, (batch,), generator=gen).to(device)
+    lp, ids = dd.rank_draft_logits(logits, budget)
+    same = torch.equal(dd.ddtree_build(root, lp, ids, budget).parents, build_ddtree(root, logits, budget).parents)
+    case = f"B={batch} L={length} budget={budget} V={vocab}"
+    row = {"section": "ddtree", "case": case, "same_tree": same}
+    kernel_ms = timer(lambda: dd.ddtree_build(root, lp, ids, budget), [()])
+    kernel_ms2 = timer(lambda: dd.ddtree_build(root, lp, ids, budget), [()])
+    rank_ms = timer(lambda: dd.rank_draft_logits(logits, budget), [()])
+    torch_ms = timer(lambda: build_ddtree(root, logits, budget), [()])
+    heap_timer = Timer(torch, device, 1, 3)
+    heap_ms = heap_timer(lambda: dd.ddtree_build_ref(root, lp, ids, budget), [()])
+    return [
+        {**row, "impl": "rank (log_softmax + top-K)", "ms": rank_ms},
+        {**row, "impl": "build kernel", "ms": kernel_ms, "ms_again": kernel_ms2},
+        {**row, "impl": "build_ddtree (torch, incl. ranking)", "ms": torch_ms, "x_vs_kernel": torch_ms / (kernel_ms + rank_ms)},
+        {**row, "impl": "per-request heap (incl. copy to host)", "ms": heap_ms, "x_vs_kernel": heap_ms / kernel_ms},
+    ]
+
+
+def _random_tree(torch, device, batch, nodes, vocab, gen):
+    from sglang_kimi.speculators.trees import DraftTree
+
+    parents = torch.full((batch, nodes), -1, dtype=torch.long)
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(i, (batch,), generator=gen)
+    tokens = torch.randint(vocab, (batch, nodes), generator=gen)
+    tokens[:, 1:] = torch.randperm(vocab, generator=gen)[: nodes - 1]
+    return DraftTree.from_parents(tokens.to(device), parents.to(device))
+
+
+def bench_verify(ctx):
+    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    from sglang_kimi.kernels import tree_verify as tv
+
+    shapes = [(2, 4, 40)] if ctx["smoke"] else [(64, 16, KIMI_VOCAB), (16, 64, KIMI_VOCAB)]
+    rows = []
+    gen = torch.Generator().manual_seed(2)
+    for batch, nodes, vocab in shapes:
+        tree = _random_tree(torch, device, batch, nodes, vocab, gen)
+        args = (tree.tokens, tree.retrieve_index(), tree.retrieve_next_token(), tree.retrieve_next_sibling())
+        logits = torch.randn(batch, nodes, vocab, generator=gen).to(device)
+        probs = torch.softmax(logits, -1)
+        coins = torch.rand(batch, nodes, generator=gen).to(device)
+        final = torch.rand(batch, generator=gen).to(device)
+        spec = tree.max_depth + 1
+        block_v = 16 if ctx["smoke"] else None
+        case = f"B={batch} N={nodes} V={vocab}"
+        g_ms = timer(lambda: tv.tree_verify(*args, num_spec_tokens=spec, target_logits=logits, block_v=block_v), [()])
+        g_ref = timer(lambda: tv.tree_verify_ref(*args, num_spec_tokens=spec, target_logits=logits), [()])
+        s_kw = dict(num_spec_tokens=spec, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final)
+        s_ms = timer(lambda: tv.tree_verify(*args, block_v=block_v, **s_kw), [()])
+        s_ref = timer(lambda: tv.tree_verify_ref(*args, **s_kw), [()])
+        rows += [
+            {"section": "verify", "case": case, "impl": "greedy kernel (logits)", "ms": g_ms},
+            {"section": "verify", "case": case, "impl": "greedy torch twin (argmax all nodes)", "ms": g_ref, "x_vs_kernel": g_ref / g_ms},
+            {"section": "verify", "case": case, "impl": "sampled kernel", "ms": s_ms},
+            {"section": "verify", "case": case, "impl": "sampled torch twin", "ms": s_ref, "x_vs_kernel": s_ref / s_ms},
+        ]
+    return rows
+
+
+def bench_moe(ctx):
+    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    if device.type != "cuda":
+        return [{"section": "moe", "case": "-", "impl": "-", "note": "GPU only (SGLang's fused-MoE Triton kernel)"}]
+    from sglang_kimi.kernels import moe_tuning as mt
+
+    try:
+        from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+        from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+            get_default_config,
+            get_moe_configs,
+        )
+    except Exception as exc:  # noqa: BLE001
+        return [{"section": "moe", "case": "-", "impl": "-", "note": f"SGLang fused MoE unavailable: {exc}"}]
+    device_name = torch.cuda.get_device_name(device).replace(" ", "_")
+    tables = mt.tables_for_device(device_name)
+    if not tables:
+        return [{"section": "moe", "case": device_name, "impl": "-", "note": "no plugin table for this device"}]
+    original = getattr(get_moe_configs, "__wrapped__", get_moe_configs)  # SGLang's own lookup, even if hooked
+    m_values = [4, 8, 16, 32, 64, 128, 256, 512] if not ctx["quick"] else [8, 64, 256]
+    gen = torch.Generator(device=device).manual_seed(3)
+    rows = []
+    for name, path in tables:
+        info = mt.parse_config_file_name(name)
+        if info["down_moe"] or info["dtype"] not in (None, "fp8_w8a8"):
+            continue
+        dtype = "bf16" if info["dtype"] is None else info["dtype"]
+        block = info["block_shape"]
+        plugin = mt.read_table(path)
+        sglang_table = original(info["E"], info["N"], info["dtype"], *(block or (0, 0)))
+        runner = MoeRunnerConfig(inplace=False)
+        for M in m_values:
+            x, w1, w2, topk_out, kw = mt._make_moe_inputs(
+                info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, dtype, block, 32, M, device, gen
+            )
+            choices = {
+                "plugin table": plugin[min(plugin, key=lambda m: abs(m - M))],
+                "SGLang choice": sglang_table[min(sglang_table, key=lambda m: abs(m - M))]
+                if sglang_table
+                else get_default_config(M, info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, info["dtype"], False, block),
+            }
+            results = {}
+            for impl, cfg in choices.items():
+                with override_config(cfg):
+                    results[impl] = timer(lambda: fused_experts(x, w1, w2, topk_out, runner, **kw), [()])
+            for impl, ms in results.items():
+                rows.append({"section": "moe", "case": f"{name[:-5]} M={M}", "impl": impl, "ms": ms,
+                             "x_vs_sglang": results["SGLang choice"] / ms})
+            del x, w1, w2
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def print_table(rows):
+    cols = ["section", "case", "impl", "ms", "ms_again", "GB/s", "of_copy", "x_vs_kernel", "x_vs_sglang", "same_tree",
+            "note"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+
+    def fmt(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    widths = {c: max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols}
+    print("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(fmt(r.get(c)).ljust(widths[c]) for c in cols))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.interpret_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before torch/triton import: Triton decides when kernels are decorated
+    import torch
+
+    if not args.interpret_smoke and not torch.cuda.is_available():
+        print(
+            "bench_kernels.py needs a CUDA or ROCm GPU (torch.cuda.is_available() is False). "
+            "Use --interpret-smoke for a tiny CPU run that only proves the script works.",
+            file=sys.stderr,
+        )
+        return 2
+    device = torch.device("cpu") if args.interpret_smoke else torch.device("cuda", torch.cuda.current_device())
+    warmup, reps = (0, 1) if args.interpret_smoke else (args.warmup, args.reps)
+    ctx = {"torch": torch, "device": device, "timer": Timer(torch, device, warmup, reps),
+           "smoke": args.interpret_smoke, "quick": args.quick}
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        print(f"unknown sections: {sorted(unknown)}", file=sys.stderr)
+        return 2
+    if "copy" not in sections and device.type == "cuda":
+        sections.insert(0, "copy")  # every bandwidth figure is compared with this run's copy
+    rows = []
+    for section in SECTIONS:
+        if section in sections:
+            rows += globals()[f"bench_{section}"](ctx)
+    print_table(rows)
+    if args.interpret_smoke:
+        print("\n(interpret smoke: CPU interpreter timings are meaningless; nothing written)")
+        return 0
+    import triton
+
+    meta = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "hip": torch.version.hip,
+        "copy_GBps": ctx.get("copy_gbs"),
+        "warmup": warmup,
+        "reps": reps,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = args.out_dir / f"kernels-{meta['device'].replace(' ', '_')}-{stamp}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
