@@ -143,14 +143,13 @@ def hook(target: str, fn, hook_type: str = "AFTER") -> None:
 
 
 def version_in_range(version: str, supported: tuple[str, str]) -> bool:
-    def key(v: str) -> tuple[int, ...]:
-        parts = []
-        for piece in v.split("+")[0].split("."):
-            digits = "".join(ch for ch in piece if ch.isdigit())
-            parts.append(int(digits) if digits else 0)
-        return tuple(parts)
+    """Compare release numbers only: 0.5.23.post1 and 0.5.23+rocm count as 0.5.23."""
+    from packaging.version import Version
 
-    return key(supported[0]) <= key(version) <= key(supported[1])
+    def release(v: str) -> tuple[int, ...]:
+        return Version(v).release[:3]
+
+    return release(supported[0]) <= release(version) <= release(supported[1])
 
 
 def check_sglang_version():

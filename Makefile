@@ -1,0 +1,34 @@
+# Two entry points: `make demo` (the tiny Kimi model in real SGLang on CPU) and `make test` (the test suite).
+# Both create .venv when missing and install everything into it; re-running skips the install.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+STAMP := $(VENV)/.sglang-kimi-installed
+SGLANG_VERSION := 0.5.23
+
+.PHONY: install demo test test-unit test-e2e clean
+
+$(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) -r requirements/sglang-cpu.txt -c requirements/constraints.txt
+	$(PIP) --no-deps sglang==$(SGLANG_VERSION)
+	$(PIP) -e ".[eval,test]" -c requirements/constraints.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/sglang-kimi demo
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+test-unit: install
+	$(PY) -m pytest -q -ra tests/unit
+
+test-e2e: install
+	$(PY) -m pytest -q -ra tests/e2e
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

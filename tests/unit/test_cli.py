@@ -1,0 +1,102 @@
+"""The CLI: help on every command, and one clear error line for each kind of bad input."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from sglang_kimi import cli, server
+
+COMMANDS = ["serve", "demo", "doctor"]
+
+
+def _sglang_kimi(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_kimi.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_top_level_help_lists_commands():
+    out = _sglang_kimi("--help")
+    assert out.returncode == 0
+    for command in COMMANDS:
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    out = _sglang_kimi(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert f"usage: sglang-kimi {command}" in out.stdout
+
+
+def test_serve_help_explains_pass_through_and_cpu_defaults():
+    text = _sglang_kimi("serve", "--help").stdout
+    assert "sglang.launch_server" in text and "--attention-backend torch_native" in text
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_serve_missing_model_path(capsys, tmp_path):
+    assert cli.main(["serve", "--model-path", str(tmp_path / "nope")]) == 2
+    line = _error_line(capsys)
+    assert "does not exist" in line and str(tmp_path / "nope") in line and "--model-path" in line
+
+
+def test_serve_model_folder_without_config(capsys, tmp_path):
+    assert cli.main(["serve", "--model-path", str(tmp_path)]) == 2
+    assert "no config.json" in _error_line(capsys)
+
+
+def test_serve_port_in_use(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert cli.main(["serve", "--model-path", str(tmp_path), "--port", str(port)]) == 2
+    line = _error_line(capsys)
+    assert f"port {port}" in line and "already in use" in line and "--port" in line
+
+
+def test_serve_unsupported_sglang_version(capsys, monkeypatch):
+    monkeypatch.setattr(server, "sglang_version", lambda: "0.4.9")
+    assert cli.main(["serve"]) == 2
+    line = _error_line(capsys)
+    assert "0.4.9" in line and "pip install sglang==0.5.23" in line and "--allow-untested-sglang" in line
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_missing_sglang_names_the_install_command(capsys, monkeypatch, command):
+    monkeypatch.setattr(server, "sglang_version", lambda: None)
+    assert cli.main([command]) == 2
+    line = _error_line(capsys)
+    assert "SGLang is not installed" in line and "pip install 'sglang-kimi[sglang]'" in line and "make install" in line
+
+
+def test_cpu_launch_command_applies_defaults_and_keeps_user_flags(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    spec = server.launch_command(
+        ["--model-path", str(tmp_path), "--dtype", "bfloat16"], cpu=True, port=server.free_port()
+    )
+    argv = spec.argv
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--attention-backend") + 1] == "torch_native"
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert spec.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert set(spec.shims) <= {"sgl_kernel", "torchvision"}
+    assert (str(server.SHIMS_DIR) in spec.env.get("PYTHONPATH", "")) == bool(spec.shims)
+
+
+def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
+    assert "--device" not in spec.argv and "--attention-backend" not in spec.argv
+    assert spec.env == dict(os.environ) and spec.shims == []

@@ -1,0 +1,51 @@
+"""The CPU import shims: importable, loud when an unimplemented op is used, and only on the CLI's path."""
+
+import subprocess
+import sys
+
+from sglang_kimi.server import SHIMS_DIR, shims_needed
+
+
+def _run(code: str, with_shims: bool = True) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SHIMS_DIR) if with_shims else ""}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_sgl_kernel_shim_names_missing_ops():
+    out = _run(
+        "import sgl_kernel\n"
+        "from sgl_kernel.kvcacheio import transfer_kv_per_layer\n"
+        "try:\n    transfer_kv_per_layer(1, 2)\nexcept NotImplementedError as e:\n    print('ERR', e)\n"
+        "try:\n    sgl_kernel.some_cuda_op()\nexcept NotImplementedError as e:\n    print('ERR', e)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERR")]
+    assert "sgl_kernel.kvcacheio.transfer_kv_per_layer" in errors[0]
+    assert "sgl_kernel.some_cuda_op" in errors[1]
+
+
+def test_torchvision_stub_imports_but_cannot_be_used():
+    out = _run(
+        "import importlib.metadata as m\n"
+        "from torchvision.transforms import InterpolationMode\n"
+        "from torchvision.io import decode_image\n"
+        "import torchvision.transforms as T\n"
+        "print(InterpolationMode.BICUBIC.value)\n"
+        "try:\n    m.version('torchvision')\nexcept m.PackageNotFoundError:\n    print('no dist-info')\n"
+        "try:\n    T.Resize(3)\nexcept RuntimeError as e:\n    print('ERR', e)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "bicubic" in out.stdout and "no dist-info" in out.stdout
+    assert "ERR torchvision.transforms.Resize is not available" in out.stdout
+
+
+def test_shims_are_not_importable_without_the_cli():
+    out = _run("import sglang_kimi, sglang_kimi.plugin\nimport sgl_kernel", with_shims=False)
+    assert out.returncode != 0 and "No module named 'sgl_kernel'" in out.stderr
+
+
+def test_shims_needed_only_for_missing_packages():
+    needed = shims_needed()
+    for name in ("sgl_kernel", "torchvision"):
+        real = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True).returncode == 0
+        assert (name in needed) == (not real)

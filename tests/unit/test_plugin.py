@@ -1,0 +1,112 @@
+"""The registration table: every entry resolves, failures are recorded, registration is idempotent."""
+
+import importlib
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from sglang_kimi import SUPPORTED_SGLANG, plugin
+from sglang_kimi.server import sglang_env
+
+
+def test_table_entries_are_unique_and_resolve():
+    names = [e.name for e in plugin.REGISTRATIONS]
+    assert len(names) == len(set(names))
+    for entry in plugin.REGISTRATIONS:
+        module_name, _, attr = entry.install.partition(":")
+        assert module_name.startswith("sglang_kimi."), entry
+        assert callable(getattr(importlib.import_module(module_name), attr)), entry
+        assert entry.target.startswith("sglang."), entry
+        assert entry.when in (plugin.ALWAYS, plugin.CPU_ONLY)
+        assert entry.why
+
+
+@pytest.mark.parametrize(
+    "version, expected",
+    [("0.5.23", True), ("0.5.22", False), ("0.5.24", False), ("0.5.23.post1", True), ("0.6.0", False)],
+)
+def test_version_range(version, expected):
+    assert plugin.version_in_range(version, ("0.5.23", "0.5.23")) is expected
+
+
+def test_untested_sglang_version_logs_one_line(monkeypatch, caplog):
+    import sglang.version
+
+    monkeypatch.setattr(sglang.version, "__version__", "0.4.0")
+    with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
+        reason = plugin.check_sglang_version()
+    assert "0.4.0" in reason and SUPPORTED_SGLANG[0] in reason
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "0.4.0" in warnings[0].getMessage()
+
+
+def test_failed_entry_is_recorded_not_raised(monkeypatch):
+    broken = plugin.Entry("broken", "sglang.nowhere", "sglang_kimi.plugin:_no_such_function", "test entry")
+    monkeypatch.setattr(plugin, "REGISTRATIONS", (broken,))
+    monkeypatch.setattr(plugin, "STATUS", {})
+    monkeypatch.setattr(plugin, "_registered", False)
+    plugin.register_all()
+    assert plugin.STATUS["broken"].startswith("failed: AttributeError")
+    state = plugin.plugin_state()
+    assert state["failed"] == ["broken"]
+
+
+def test_cpu_only_entries_skip_without_cpu_engine(monkeypatch):
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    cpu_entries = [e for e in plugin.REGISTRATIONS if e.when == plugin.CPU_ONLY]
+    assert cpu_entries
+    assert not any(plugin._applies(e) for e in cpu_entries)
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    assert all(plugin._applies(e) for e in cpu_entries)
+
+
+PROBE_TWICE = """
+import json
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang_kimi
+from sglang_kimi import plugin
+load_plugins()
+sglang_kimi.register()  # a second call in the same process must change nothing
+HookRegistry.apply_hooks()
+hooks = {t: len(HookRegistry._hooks[t]) for t in plugin._hook_targets}
+print("RESULT=" + json.dumps({"state": plugin.plugin_state(), "hooks": hooks}))
+"""
+
+PROBE_UNAPPLIED = """
+import json
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_kimi import plugin
+plugin.REGISTRATIONS = plugin.REGISTRATIONS + (
+    plugin.Entry("ghost", "sglang.srt.nothing_here.fn", "sglang_kimi.plugin:_install_ghost", "test"),)
+plugin._install_ghost = lambda: plugin.hook("sglang.srt.nothing_here.fn", lambda r, *a, **k: r)
+plugin.register_all()
+HookRegistry.apply_hooks()
+print("RESULT=" + json.dumps(plugin.plugin_state()))
+"""
+
+
+def _run_probe(code: str) -> dict:
+    env, _ = sglang_env(cpu=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT=")]
+    assert lines, out.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT="):])
+
+
+def test_register_is_idempotent_through_sglang_loader():
+    result = _run_probe(PROBE_TWICE)
+    state = result["state"]
+    assert state["failed"] == []
+    assert set(state["registrations"]) == {e.name for e in plugin.REGISTRATIONS}
+    assert all(v == "ok" for v in state["registrations"].values()), state
+    assert result["hooks"] and all(n == 1 for n in result["hooks"].values()), result["hooks"]
+
+
+def test_hook_sglang_could_not_apply_is_reported_failed():
+    state = _run_probe(PROBE_UNAPPLIED)
+    assert "ghost" in state["failed"]
+    assert "did not apply" in state["registrations"]["ghost"]
