@@ -205,8 +205,8 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
     (rank r = the r-th best token). Prefixes are ordered by score descending, then depth ascending, then the
     parent's place in this same order, then the rank of the last token. A prefix scores at least as much as its
     extensions and sits at a smaller depth, so it comes first: the best ``budget`` prefixes are prefix-closed,
-    and node i of the tree is the i-th best prefix. This is exactly the pop order of the per-request heap of
-    liranringel/ddtree (``build_ddtree_tree``) with heap key (-score, depth, parent node, rank).
+    and node i of the tree is the i-th best prefix: the pop order of the best-first heap of liranringel/ddtree
+    (``build_ddtree_tree``, one heap per request) when its entries are keyed (-score, depth, parent node, rank).
 
     Vectorised over the batch with O(L) tensor ops: the best ``budget`` prefixes of depth d are extensions of the
     best ``budget`` prefixes of depth d-1 (each better depth-(d-1) prefix has a better rank-0 extension), so a
@@ -221,7 +221,7 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
         raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
     device = draft_logits.device
     k = min(budget, vocab)
-    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)  # [B, L, V]
+    log_probs = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)  # [B, L, V]
     ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, k)  # [B, L, K]: rank r = r-th best token
 
     # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank) via stable sorts.

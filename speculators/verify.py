@@ -34,6 +34,11 @@ TOP_K_ALL = 0  # top_k <= TOP_K_ALL disables top-k filtering (SGLang spells it -
 class VerifyResult:
     """Outcome of verifying B trees (or chains: node i of a chain is its i-th draft, node 0 the root).
 
+    Per request the target **accepted** ``num_accepted`` drafted tokens, the nodes ``accepted_nodes[1:]`` on a
+    root-to-node path, then emitted one **bonus** token, sampled at the last accepted node (a **recovered**
+    token when a drafted child was rejected there; a plain sample of the next position after a leaf).
+    ``output_tokens`` are the step's ``num_accepted + 1`` committed tokens.
+
     Example (a chain root r, drafts [a, b, c]; the target accepts a, rejects b, and samples the recovered x)::
 
         accepted_nodes = [[0, 1, -1, -1]]   num_accepted = [1]   bonus = [x]

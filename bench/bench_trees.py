@@ -1,0 +1,154 @@
+"""Benchmark: batched ``build_ddtree`` against a per-request heap (liranringel/ddtree's algorithm, algorithms.md 2.1).
+
+For every batch size B and node budget: median wall time per call of both builders on the same random
+draft logits [B, L, V] (Kimi: L = 7 drafted positions of a DFlash block of 8, V = 163840), the speedup
+(heap / batched), and a check that both built the same trees. Prints a table and writes JSON.
+
+    python bench/bench_trees.py            # B in {1, 16, 64}, budget in {16, 32, 64}, CPU (and CUDA if present)
+    python bench/bench_trees.py --quick    # a short run
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import torch
+
+from sglang_kimi.speculators.trees import NO_PARENT, DraftTree, build_ddtree
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "bench_trees.json"
+
+
+def build_ddtree_heap(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) -> DraftTree:
+    """Baseline: per request, top-K log-probs per position, then a Python heapq best-first loop."""
+    batch, length, vocab = draft_logits.shape
+    k = min(budget, vocab)
+    rows = []
+    for b in range(batch):
+        top_lp, top_ids = torch.log_softmax(draft_logits[b].float(), dim=-1).topk(k, dim=-1)  # [L, K]
+        lp, ids = top_lp.tolist(), top_ids.tolist()
+        tokens, parents, depths, scores = [int(root[b])], [NO_PARENT], [0], [0.0]
+        heap = [(-lp[0][0], 1, 0, 0)]  # (-score, depth, parent node, rank)
+        while heap and len(tokens) <= budget:
+            neg_score, depth, parent, rank = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(ids[depth - 1][rank])
+            parents.append(parent)
+            depths.append(depth)
+            scores.append(-neg_score)
+            if rank + 1 < k:
+                heapq.heappush(heap, (-(scores[parent] + lp[depth - 1][rank + 1]), depth, parent, rank + 1))
+            if depth < length:
+                heapq.heappush(heap, (-(scores[node] + lp[depth][0]), depth + 1, node, 0))
+        rows.append((tokens, parents, depths))
+    device = draft_logits.device
+    tokens, parents, depths = (torch.tensor([r[i] for r in rows], device=device) for i in range(3))
+    num_nodes = torch.full((batch,), tokens.shape[1], device=device)
+    return DraftTree(tokens, parents, depths, num_nodes, max_depth=min(length, budget))
+
+
+def median_seconds(fn, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def same_tree(a: DraftTree, b: DraftTree) -> bool:
+    """Node sets and parent links equal. Float sums in a different order may swap near-tied nodes, so compare
+    the sets of (token path) per request rather than node order."""
+
+    def paths(tree: DraftTree) -> list[set[tuple[int, ...]]]:
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        out = []
+        for toks, pars in zip(tokens, parents):
+            path_of = {0: ()}
+            for i in range(1, len(toks)):
+                path_of[i] = path_of[pars[i]] + (toks[i],)
+            out.append(set(path_of.values()))
+        return out
+
+    return paths(a) == paths(b)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", default="1,16,64", help="comma-separated B values")
+    parser.add_argument("--budgets", default="16,32,64", help="comma-separated node budgets (non-root nodes)")
+    parser.add_argument("--length", type=int, default=7, help="drafted positions L")
+    parser.add_argument("--vocab", type=int, default=163840, help="vocabulary size V")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+    parser.add_argument("--devices", default=None, help="comma-separated; default cpu, plus cuda when available")
+    parser.add_argument("--quick", action="store_true", help="B in {1, 16}, budgets {16, 64}, 2 repeats")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--output", type=pathlib.Path, default=RESULTS, help="JSON file to write")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batch_sizes = [1, 16] if args.quick else [int(x) for x in args.batch_sizes.split(",")]
+    budgets = [16, 64] if args.quick else [int(x) for x in args.budgets.split(",")]
+    repeats = 2 if args.quick else args.repeats
+    devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+    rows = []
+    header = f"{'device':<6} {'B':>4} {'budget':>6} {'batched ms':>11} {'heap ms':>10} {'speedup':>8} {'same':>5}"
+    print(f"build_ddtree, L={args.length}, V={args.vocab}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(header)
+    for device_name in devices:
+        device = torch.device(device_name)
+        for batch in batch_sizes:
+            gen = torch.Generator(device=device).manual_seed(batch)
+            logits = torch.randn((batch, args.length, args.vocab), generator=gen, device=device) * 3  # [B, L, V]
+            root = torch.arange(batch, device=device)
+            for budget in budgets:
+                batched = median_seconds(lambda: build_ddtree(root, logits, budget), repeats, device)
+                heap = median_seconds(lambda: build_ddtree_heap(root, logits, budget), repeats, device)
+                same = same_tree(build_ddtree(root, logits, budget), build_ddtree_heap(root, logits, budget))
+                rows.append(
+                    {
+                        "device": device_name,
+                        "batch_size": batch,
+                        "budget": budget,
+                        "batched_median_ms": batched * 1e3,
+                        "heap_median_ms": heap * 1e3,
+                        "speedup": heap / batched,
+                        "same_trees": same,
+                    }
+                )
+                print(
+                    f"{device_name:<6} {batch:>4} {budget:>6} {batched * 1e3:>11.2f} {heap * 1e3:>10.2f} "
+                    f"{heap / batched:>7.2f}x {str(same):>5}"
+                )
+    report = {
+        "benchmark": "build_ddtree batched vs per-request heap",
+        "length": args.length,
+        "vocab": args.vocab,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_average_1min": os.getloadavg()[0],  # other work on a shared machine inflates the CPU times
+        "cuda_device": torch.cuda.get_device_name() if "cuda" in devices else None,
+        "results": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
