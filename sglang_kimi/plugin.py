@@ -52,6 +52,19 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "ignores the given k/v and attends over the latent pool (wrong logits); route torch_native to absorbed MLA",
         when=CPU_ONLY,
     ),
+    Entry(
+        "kimi-language-model-only",
+        "sglang.srt.server_args.ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES",
+        "sglang_kimi.models.install:install_language_model_only_arch",
+        "lets --language-model-only (text-only serving, no multimodal processor) accept Kimi-K2.5/K2.6",
+    ),
+    Entry(
+        "kimi-text-only-model",
+        "sglang.srt.model_loader.utils.get_model_architecture",
+        "sglang_kimi.models.install:install_text_only_kimi_class",
+        "with --language-model-only, Kimi-K2.5/K2.6 is built without its MoonViT tower and its weights are skipped "
+        "(SGLang 0.5.23 always builds and loads the tower)",
+    ),
 )
 
 # name -> "ok" | "skipped: <why>" | "failed: <error>"; filled by register_all() in this process.

@@ -41,6 +41,7 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--mem-fraction-static": "0.05",
     "--max-total-tokens": "65536",
     "--skip-server-warmup": None,
+    "--language-model-only": None,  # text only: image inputs need the real torchvision
 }
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

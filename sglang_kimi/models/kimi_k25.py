@@ -1,0 +1,57 @@
+"""Text-only serving of Kimi-K2.6's ``KimiK25ForConditionalGeneration`` wrapper.
+
+SGLang's ``--language-model-only`` skips the multimodal processor and marks ``hf_config.language_model_only``,
+but SGLang 0.5.23 refuses the flag for Kimi and its Kimi class always builds and loads the MoonViT tower. With the
+plugin, the flag is accepted for Kimi and :class:`KimiK25ForConditionalGeneration` builds only the language model
+when it is set, dropping the tower's weights while loading. Without the flag the class is SGLang's own.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as _UpstreamKimiK25
+
+ARCH = "KimiK25ForConditionalGeneration"
+VISION_PREFIXES = ("vision_tower.", "mm_projector.")
+
+
+def is_text_only(config) -> bool:
+    return bool(getattr(config, "language_model_only", False))
+
+
+class KimiK25ForConditionalGeneration(_UpstreamKimiK25):
+    """SGLang's Kimi-K2.5/K2.6 class; with ``--language-model-only`` the vision tower is never built."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "", **kwargs) -> None:
+        if not is_text_only(config):
+            super().__init__(config, quant_config, prefix=prefix, **kwargs)
+            return
+        from sglang.srt.layers.quantization.modelslim.modelslim import ModelSlimConfig
+        from sglang.srt.layers.quantization.quark.quark import QuarkConfig
+        from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+
+        nn.Module.__init__(self)
+        self.config = config
+        self.quant_config = quant_config
+        self.use_data_parallel = False
+        self.vision_tower = None
+        self.mm_projector = None
+        self.language_model = DeepseekV3ForCausalLM(
+            config.text_config,
+            quant_config,
+            prefix="language_model" if isinstance(quant_config, (ModelSlimConfig, QuarkConfig)) else "",
+        )
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
+        if self.vision_tower is not None:
+            return super().load_weights(weights)
+        weights = self.hf_to_sglang_mapper.apply(weights)
+        self.language_model.load_weights(
+            (name.replace("language_model.", "", 1), tensor)
+            for name, tensor in weights
+            if not name.startswith(VISION_PREFIXES)
+        )
