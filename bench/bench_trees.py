@@ -11,6 +11,7 @@ draft logits [B, L, V] (Kimi: L = 7 drafted positions of a DFlash block of 8, V 
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import os
@@ -20,7 +21,6 @@ import statistics
 import time
 
 import torch
-
 from sglang_kimi.speculators.trees import NO_PARENT, DraftTree, build_ddtree
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "bench_trees.json"
@@ -54,18 +54,21 @@ def build_ddtree_heap(root: torch.Tensor, draft_logits: torch.Tensor, budget: in
     return DraftTree(tokens, parents, depths, num_nodes, max_depth=min(length, budget))
 
 
-def median_seconds(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
+def median_seconds(fns, repeats: int, device: torch.device) -> list[float]:
+    """Median wall time of each function; calls are interleaved so load from other processes hits all alike."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn()  # warm-up
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, samples in zip(fns, times):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
 
 
 def same_tree(a: DraftTree, b: DraftTree) -> bool:
@@ -91,7 +94,7 @@ def main() -> None:
     parser.add_argument("--budgets", default="16,32,64", help="comma-separated node budgets (non-root nodes)")
     parser.add_argument("--length", type=int, default=7, help="drafted positions L")
     parser.add_argument("--vocab", type=int, default=163840, help="vocabulary size V")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per measurement (median reported)")
     parser.add_argument("--devices", default=None, help="comma-separated; default cpu, plus cuda when available")
     parser.add_argument("--quick", action="store_true", help="B in {1, 16}, budgets {16, 64}, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -106,7 +109,9 @@ def main() -> None:
 
     rows = []
     header = f"{'device':<6} {'B':>4} {'budget':>6} {'batched ms':>11} {'heap ms':>10} {'speedup':>8} {'same':>5}"
-    print(f"build_ddtree, L={args.length}, V={args.vocab}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"build_ddtree, L={args.length}, V={args.vocab}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(header)
     for device_name in devices:
         device = torch.device(device_name)
@@ -115,8 +120,14 @@ def main() -> None:
             logits = torch.randn((batch, args.length, args.vocab), generator=gen, device=device) * 3  # [B, L, V]
             root = torch.arange(batch, device=device)
             for budget in budgets:
-                batched = median_seconds(lambda: build_ddtree(root, logits, budget), repeats, device)
-                heap = median_seconds(lambda: build_ddtree_heap(root, logits, budget), repeats, device)
+                batched, heap = median_seconds(
+                    [
+                        functools.partial(build_ddtree, root, logits, budget),
+                        functools.partial(build_ddtree_heap, root, logits, budget),
+                    ],
+                    repeats,
+                    device,
+                )
                 same = same_tree(build_ddtree(root, logits, budget), build_ddtree_heap(root, logits, budget))
                 rows.append(
                     {
@@ -131,7 +142,7 @@ def main() -> None:
                 )
                 print(
                     f"{device_name:<6} {batch:>4} {budget:>6} {batched * 1e3:>11.2f} {heap * 1e3:>10.2f} "
-                    f"{heap / batched:>7.2f}x {str(same):>5}"
+                    f"{heap / batched:>7.2f}x {same!s:>5}"
                 )
     report = {
         "benchmark": "build_ddtree batched vs per-request heap",

@@ -19,8 +19,9 @@ returns a :class:`Proposal` (a batch-1 DraftTree rooted at ``context.tokens[-1]`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence, Union
+from typing import Protocol
 
 import torch
 
@@ -39,7 +40,7 @@ from .verify import (
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [1, T, V]
-    hidden_states: Optional[torch.Tensor] = None  # [1, T, C]: captured layers, concatenated
+    hidden_states: torch.Tensor | None = None  # [1, T, C]: captured layers, concatenated
 
 
 class Target(Protocol):
@@ -53,13 +54,13 @@ class DraftContext:
     """What a proposer sees: the committed tokens and the target features of all but the newest."""
 
     tokens: torch.Tensor  # [T] committed token ids (prompt included); tokens[-1] is the root of the next tree
-    hidden_states: Optional[torch.Tensor]  # [T-1, C] target features of tokens[:-1], None if the target has none
+    hidden_states: torch.Tensor | None  # [T-1, C] target features of tokens[:-1], None if the target has none
 
 
 @dataclass
 class Proposal:
     tree: DraftTree  # batch 1, rooted at the last committed token
-    draft_probs: Optional[torch.Tensor] = None  # [1, L, V] q of a stochastic chain; None = deterministic proposals
+    draft_probs: torch.Tensor | None = None  # [1, L, V] q of a stochastic chain; None = deterministic proposals
 
 
 class Proposer(Protocol):
@@ -181,10 +182,10 @@ def tree_verify_inputs(tokens: torch.Tensor, tree: DraftTree) -> tuple[torch.Ten
 
 def generate(
     target: Target,
-    prompt_ids: Union[Sequence[int], torch.Tensor],
+    prompt_ids: Sequence[int] | torch.Tensor,
     max_new_tokens: int,
     *,
-    proposer: Optional[Proposer] = None,
+    proposer: Proposer | None = None,
     temperature: float = 0.0,
     top_k: int = TOP_K_ALL,
     top_p: float = 1.0,

@@ -27,8 +27,8 @@ Pure PyTorch and batched on the tensors' device: no Python loop over requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -66,7 +66,7 @@ class DraftTree:
 
     @classmethod
     def from_parents(
-        cls, tokens: torch.Tensor, parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = None
+        cls, tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor | None = None
     ) -> DraftTree:
         """Build a tree from tokens [B, N] and parents [B, N]; depths are derived.
 
@@ -246,9 +246,7 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
     flat_parent = torch.cat(
         [beam_parent[0]] + [beam_parent[d] + offsets[d - 1] for d in range(1, len(widths))], dim=1
     )  # [B, M]
-    flat_token = torch.cat(
-        [ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1
-    )  # [B, M]
+    flat_token = torch.cat([ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1)  # [B, M]
     num = min(budget, scores.shape[1])
     order = scores.sort(dim=1, descending=True, stable=True).indices[:, :num]  # [B, n]: node i+1 = order[:, i]
 
@@ -276,7 +274,7 @@ def draft_eagle_tree(
     num_steps: int,
     topk: int,
     num_draft_tokens: int,
-    token_map: Optional[torch.Tensor] = None,
+    token_map: torch.Tensor | None = None,
 ) -> DraftTree:
     """EAGLE-2/3 dynamic tree with SGLang's ``--speculative-num-steps/-eagle-topk/-num-draft-tokens`` semantics.
 

@@ -20,8 +20,8 @@ processing of the non-speculative sampler (:func:`process_logits`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import torch
 
@@ -57,9 +57,9 @@ class VerifyResult:
 
 def process_logits(
     logits: torch.Tensor,
-    temperature: Union[float, torch.Tensor],
-    top_k: Union[int, torch.Tensor] = TOP_K_ALL,
-    top_p: Union[float, torch.Tensor] = 1.0,
+    temperature: float | torch.Tensor,
+    top_k: int | torch.Tensor = TOP_K_ALL,
+    top_p: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
     """Target probabilities [..., V] (float32) as SGLang's non-speculative sampler would draw from them.
 

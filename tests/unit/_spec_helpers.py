@@ -8,14 +8,13 @@ import functools
 import heapq
 import importlib.util
 import pathlib
-import typing
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
-
 from sglang_kimi.speculators.trees import DraftTree
+
 
 @pytest.fixture(autouse=True, scope="module")
 def single_thread():
@@ -161,7 +160,8 @@ def sglang_speculative() -> dict:
     import triton
     import triton.language as tl
 
-    namespace = {"torch": torch, "triton": triton, "tl": tl, "IntEnum": enum.IntEnum, "List": typing.List}
+    # compile() inherits this module's `from __future__ import annotations`: SGLang's annotations stay strings
+    namespace = {"torch": torch, "triton": triton, "tl": tl, "IntEnum": enum.IntEnum}
     namespace["maybe_detect_oob"] = lambda *args, **kwargs: None
     fns = {}
     fns |= load_sglang("srt/utils/common.py", ["fast_topk"], namespace)
@@ -182,9 +182,7 @@ def sglang_speculative() -> dict:
         ],
         namespace,
     )
-    fns |= load_sglang(
-        "srt/layers/sampler.py", ["top_k_top_p_min_p_sampling_from_probs_torch"], namespace
-    )
+    fns |= load_sglang("srt/layers/sampler.py", ["top_k_top_p_min_p_sampling_from_probs_torch"], namespace)
     return fns
 
 

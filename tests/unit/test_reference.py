@@ -10,7 +10,6 @@ import torch
 from _spec_helpers import random_tree, single_thread  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sglang_kimi.speculators.reference import (
     ChainProposer,
     DDTreeProposer,

@@ -17,7 +17,6 @@ from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sglang_kimi.speculators.trees import (
     NO_NODE,
     NO_PARENT,
@@ -80,9 +79,7 @@ def test_random_tree_properties(tree: DraftTree) -> None:
 
 
 def test_docstring_example() -> None:
-    tree = DraftTree.from_parents(
-        torch.tensor([[5, 1, 2, 3, 0]]), torch.tensor([[-1, 0, 0, 1, 0]]), torch.tensor([4])
-    )
+    tree = DraftTree.from_parents(torch.tensor([[5, 1, 2, 3, 0]]), torch.tensor([[-1, 0, 0, 1, 0]]), torch.tensor([4]))
     assert tree.tokens.tolist() == [[5, 1, 2, 3, -1]]
     assert tree.depths.tolist() == [[0, 1, 1, 2, 0]]
     assert tree.positions(torch.tensor([7])).tolist() == [[7, 8, 8, 9, 7]]
@@ -279,9 +276,7 @@ def test_eagle_token_map() -> None:
         return drafter(paths.flatten(0, 1) % 6).view(paths.shape[0], paths.shape[1], 6)
 
     plain = draft_eagle_tree(torch.tensor([1]), step_fn, num_steps=3, topk=2, num_draft_tokens=6)
-    mapped = draft_eagle_tree(
-        torch.tensor([1]), step_fn, num_steps=3, topk=2, num_draft_tokens=6, token_map=token_map
-    )
+    mapped = draft_eagle_tree(torch.tensor([1]), step_fn, num_steps=3, topk=2, num_draft_tokens=6, token_map=token_map)
     assert torch.equal(mapped.tokens[:, 1:], token_map[plain.tokens[:, 1:]])
     assert torch.equal(mapped.parents, plain.parents)
 

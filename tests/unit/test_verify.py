@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _spec_helpers import chi2_pvalue, random_tree, sglang_speculative, single_thread  # noqa: F401
-
 from sglang_kimi.speculators.trees import NO_NODE, PAD_TOKEN_ID, DraftTree, build_chain
 from sglang_kimi.speculators.verify import (
     VerifyResult,
@@ -177,7 +176,9 @@ def tiled(tree: DraftTree, n: int) -> DraftTree:
 
 
 TREE_SHAPES = tiled(random_tree(torch.Generator().manual_seed(0), 4096, TREE_SLOTS, VOCAB), TRIALS)
-CHAIN_SHAPE = tiled(build_chain(torch.zeros(1, dtype=torch.long), torch.zeros((1, CHAIN_LENGTH), dtype=torch.long)), TRIALS)
+CHAIN_SHAPE = tiled(
+    build_chain(torch.zeros(1, dtype=torch.long), torch.zeros((1, CHAIN_LENGTH), dtype=torch.long)), TRIALS
+)
 
 
 def propose(kind: str, prev: torch.Tensor, root: torch.Tensor, gen: torch.Generator):
