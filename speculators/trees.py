@@ -210,7 +210,7 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
 
     Vectorised over the batch with O(L) tensor ops: the best ``budget`` prefixes of depth d are extensions of the
     best ``budget`` prefixes of depth d-1 (each better depth-(d-1) prefix has a better rank-0 extension), so a
-    per-depth beam of width ``budget`` holds every selected node; one stable sort then merges the depths.
+    per-depth beam of width ``budget`` holds every selected node; one more top-``budget`` merges the depths.
 
     Example: L=2, V=3, budget=3, per-position probabilities q1 = [.6, .3, .1], q2 = [.7, .2, .1] (tokens 0..2).
     Prefixes by score: (0) .6, (0,0) .42, (1) .3, (1,0) .21, (0,1) .12, ... The best three give
@@ -224,20 +224,19 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
     log_probs = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)  # [B, L, V]
     ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, k)  # [B, L, K]: rank r = r-th best token
 
-    # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank) via stable sorts.
+    # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank): ties to lower index.
     beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]
     beam_parent = [torch.full((batch, k), NO_PARENT, dtype=torch.long, device=device)]  # position in beam d-1
     beam_rank = [torch.arange(k, device=device).expand(batch, k)]
     for d in range(1, min(length, budget)):
         width = beam_scores[-1].shape[1]
         extend = beam_scores[-1][:, :, None] + ranked_lp[:, d, None, :]  # [B, W, K], flat = parent_pos * K + rank
-        top_scores, top_flat = extend.flatten(1).sort(dim=1, descending=True, stable=True)
-        keep = min(budget, width * k)
-        beam_scores.append(top_scores[:, :keep])
-        beam_parent.append(top_flat[:, :keep] // k)
-        beam_rank.append(top_flat[:, :keep] % k)
+        top_scores, top_flat = topk_lowest_index_ties(extend.flatten(1), min(budget, width * k))  # [B, W_d]
+        beam_scores.append(top_scores)
+        beam_parent.append(top_flat // k)
+        beam_rank.append(top_flat % k)
 
-    # Merge depths: depth-major concatenation + stable sort = (score desc, depth asc, beam position asc).
+    # Merge depths: depth-major concatenation, ties to lower index = (score desc, depth asc, beam position asc).
     widths = [s.shape[1] for s in beam_scores]
     offsets = [sum(widths[:d]) for d in range(len(widths))]
     scores = torch.cat(beam_scores, dim=1)  # [B, M]
@@ -248,7 +247,7 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
     )  # [B, M]
     flat_token = torch.cat([ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1)  # [B, M]
     num = min(budget, scores.shape[1])
-    order = scores.sort(dim=1, descending=True, stable=True).indices[:, :num]  # [B, n]: node i+1 = order[:, i]
+    order = topk_lowest_index_ties(scores, num)[1]  # [B, n]: node i+1 = entry order[:, i]
 
     node_of_flat = torch.full_like(scores, NO_PARENT, dtype=torch.long)  # [B, M]
     node_of_flat.scatter_(1, order, torch.arange(1, num + 1, device=device).expand(batch, num))
