@@ -10,6 +10,7 @@ and the MoE / AITER tuning overrides.
   ``sglang-kimi tune moe``.
 - ``aiter_overrides``: AITER environment switches for the verify shape on ROCm.
 - ``interpret``: running the kernels on CPU tensors through Triton's interpreter (tests only).
+- ``resource_report``: compile the kernels offline for sm_90 / gfx942 / gfx950; registers, spills, shared memory.
 
 Importing this package is cheap: no module here imports triton or SGLang until used.
 """

@@ -293,11 +293,19 @@ if triton is not None:
 def default_config(num_nodes: int, num_heads: int, batch: int, max_ctx: int, device: torch.device) -> dict:
     """Launch parameters: query tile, key block, warps, and the number of prefix splits.
 
+    Tiles: 16 query rows x 16 keys, 4 warps, on both vendors. Compiled offline (``triton.compile`` for sm_90 and
+    gfx942; ``tests/unit/test_kernel_compile.py``) that is the only tile that does not spill on sm_90: 16 x 32
+    spills 184 B/thread, 32 x 16 with 8 warps 72 B, 64-row tiles (the wgmma path) over 1.5 KB, because the
+    [rows, 512] fp32 accumulator and the [512, keys] key tile share the register file. On gfx942 16 x 16 uses
+    211 VGPRs and 16 KiB of LDS (a 32-key tile double-buffered would not fit MI300's 64 KiB; SGLang's MLA decode
+    kernel drops to 16 keys on HIP too). The tiles of one request run next to each other (tile index fastest), so
+    the prefix is fetched from HBM about once and re-read from L2.
+
     Splits: enough (request, tile, split) programs to cover the GPU about twice, at least 256 prefix keys per
     split, at most 32 splits; 1 (the fused single pass) when the batch alone fills the GPU.
     """
     rows = num_nodes * num_heads
-    block_m = 16 if rows <= 16 else 32
+    block_m = 16
     tiles = -(-rows // block_m)
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -305,17 +313,7 @@ def default_config(num_nodes: int, num_heads: int, batch: int, max_ctx: int, dev
         sms = 4
     want = -(-2 * sms // max(1, batch * tiles))
     splits = max(1, min(want, -(-max_ctx // 256), 32))
-    if torch.version.hip:
-        # MI300-class LDS is 64 KiB: a [512, 32] bf16 key tile double-buffered does not fit (SGLang's MLA decode
-        # kernel drops to 16 keys per block on HIP for the same reason).
-        return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1, "num_kv_splits": splits}
-    return {
-        "block_m": block_m,
-        "block_n": 32,
-        "num_warps": 4 if block_m <= 16 else 8,
-        "num_stages": 2,
-        "num_kv_splits": splits,
-    }
+    return {"block_m": block_m, "block_n": 16, "num_warps": 4, "num_stages": 1, "num_kv_splits": splits}
 
 
 def tree_mla_attention(

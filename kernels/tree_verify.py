@@ -203,8 +203,9 @@ if triton is not None:
                     blk = tl.sum(vals, 0) - tl.sum(tl.where(in_blk, rej_p, 0.0), 0)
                     if acc + blk > u:
                         ids = start + offs_v
-                        is_child = tl.sum((ids[:, None] == rej_tok[None, :]).to(tl.int32), 1) > 0
-                        r = tl.where(is_child, 0.0, vals)
+                        r = vals
+                        for c in range(0, n_rej):  # zero the rejected children (few) inside this block
+                            r = tl.where(ids == tl.sum(tl.where(slot == c, rej_tok, 0), 0), 0.0, r)
                         cs = acc + tl.cumsum(r, 0)
                         pos = valid & (r > 0)
                         first = tl.min(tl.where(pos & (cs > u), ids, vocab), 0)
@@ -218,8 +219,9 @@ if triton is not None:
                     valid = start + offs_v < vocab
                     vals = tl.load(target_ptr + row + start + offs_v, mask=valid, other=0.0).to(tl.float32)
                     ids = start + offs_v
-                    is_child = tl.sum((ids[:, None] == rej_tok[None, :]).to(tl.int32), 1) > 0
-                    r = tl.where(is_child, 0.0, vals)
+                    r = vals
+                    for c in range(0, n_rej):
+                        r = tl.where(ids == tl.sum(tl.where(slot == c, rej_tok, 0), 0), 0.0, r)
                     sampled = tl.maximum(sampled, tl.max(tl.where(valid & (r > 0), ids, -1), 0).to(tl.int64))
             if sampled < 0:
                 # no residual mass at all (all of p on rejected children, by rounding): the last such child
@@ -231,7 +233,7 @@ if triton is not None:
         offs_s = tl.arange(0, BLOCK_S)
         tl.store(
             accept_index_ptr + b * num_spec + offs_s,
-            tl.full([BLOCK_S], NO_NODE, tl.int32),
+            tl.full([BLOCK_S], -1, tl.int32),  # NO_NODE
             mask=(offs_s > num_acc) & (offs_s < num_spec),
         )
 
