@@ -306,6 +306,20 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def sglang_processes() -> set[int]:
+    """The pids of every live SGLang worker process (scheduler, detokenizer, ...) on this machine."""
+    found = set()
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            name = comm.read_text().strip()
+            state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if name.startswith("sglang::") and state != "Z":
+            found.add(int(comm.parent.name))
+    return found
+
+
 def start_server(
     sglang_args: list[str],
     *,

@@ -1,0 +1,152 @@
+"""Real SGLang on CPU with the plugin: registration seen from the scheduler, endpoints, determinism, shutdown."""
+
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from sglang_kimi.plugin import REGISTRATIONS
+from sglang_kimi.server import free_port, plugin_state, sglang_processes
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?\nAnswer:"
+
+
+def generate(base_url: str, text: str, max_new_tokens: int = 24, **extra) -> dict:
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}, **extra}
+    response = requests.post(base_url + "/generate", json=body, timeout=300)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_plugin_registered_in_the_scheduler_process(tiny_server):
+    state = plugin_state(tiny_server.base_url)
+    assert state["failed"] == []
+    assert set(state["registrations"]) == {entry.name for entry in REGISTRATIONS}
+    assert all(outcome == "ok" for outcome in state["registrations"].values()), state["registrations"]
+    scheduler_pid = state["pid"]
+    assert scheduler_pid != tiny_server.proc.pid
+    assert Path(f"/proc/{scheduler_pid}/comm").read_text().startswith("sglang::schedul")
+
+
+def test_generate_and_openai_endpoints_answer(tiny_server):
+    url = tiny_server.base_url
+    out = generate(url, PROMPT)
+    assert out["text"] and len(out["output_ids"]) == out["meta_info"]["completion_tokens"] > 0
+
+    completion = requests.post(
+        url + "/v1/completions",
+        json={"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0},
+        timeout=300,
+    ).json()
+    assert completion["choices"][0]["text"] == generate(url, PROMPT, 16)["text"]
+
+    chat = requests.post(
+        url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "How many eggs?"}], "max_tokens": 16},
+        timeout=300,
+    ).json()
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] > 0
+
+
+def test_greedy_is_deterministic_sequential_and_batched(tiny_server):
+    url = tiny_server.base_url
+    prompts = [PROMPT, "Question: A robe takes 2 bolts of blue fiber.\nAnswer:", "Question: Josh buys a house.\nAnswer:"]
+    sequential = [generate(url, p, 32)["output_ids"] for p in prompts]
+    assert [generate(url, p, 32)["output_ids"] for p in prompts] == sequential
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        batched = list(pool.map(lambda p: generate(url, p, 32)["output_ids"], prompts))
+    assert batched == sequential
+
+
+def test_logprobs_match_transformers_prefill_and_decode(tiny_server):
+    """SGLang (float32, CPU, with the plugin's absorbed-MLA fix) computes what transformers' DeepseekV3 computes."""
+    import torch
+
+    from sglang_kimi.models.tiny import load_hf_reference
+
+    model, tokenizer = load_hf_reference()
+    ids = tokenizer(PROMPT)["input_ids"]
+    out = requests.post(
+        tiny_server.base_url + "/generate",
+        json={
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+        timeout=300,
+    ).json()
+    prefill = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]  # the first token has none
+    decode = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    tokens = torch.tensor([ids + out["output_ids"]])
+    with torch.no_grad():
+        reference = torch.log_softmax(model(tokens).logits.float(), dim=-1)[0]  # [T, V]
+    expected = reference[:-1].gather(1, tokens[0, 1:, None])[:, 0]  # [T-1]
+    got = torch.tensor(prefill + decode)
+    prefill_error = (got[: len(prefill)] - expected[: len(prefill)]).abs().max().item()
+    decode_error = (got[len(prefill):] - expected[len(prefill):]).abs().max().item()
+    assert prefill_error < 1e-3 and decode_error < 1e-3, (prefill_error, decode_error)
+    greedy = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+    assert greedy == out["output_ids"]
+
+
+def test_cli_serve_stops_all_its_processes_and_is_reproducible(tiny_server, tmp_path):
+    """`sglang-kimi serve` under SIGTERM leaves nothing behind; a second server gives the same greedy output."""
+    before = set(sglang_processes())
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "sglang_kimi.cli", "serve", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 600
+            while not _healthy(url):
+                assert cli.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(1)
+            scheduler_pid = plugin_state(url)["pid"]
+            assert scheduler_pid in sglang_processes()
+            reference = generate(tiny_server.base_url, PROMPT, 32)["output_ids"]
+            assert generate(url, PROMPT, 32)["output_ids"] == reference
+        finally:
+            cli.send_signal(signal.SIGTERM)
+            code = cli.wait(timeout=120)
+    assert code == 130, log_path.read_text()[-3000:]
+    assert scheduler_pid not in sglang_processes()
+    assert set(sglang_processes()) <= before, "sglang-kimi serve left SGLang processes behind"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
+    before = set(sglang_processes())
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_kimi.cli", "demo", "--questions", "2", "--max-new-tokens", "32",
+         "--log", str(tmp_path / "demo.log")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert text.count("Answer:") == 2 and "tokens/s" in text and "server stopped" in text
+    for entry in REGISTRATIONS:
+        assert f"{entry.name}" in text
+    assert "NOT LOADED" not in text and "failed" not in text
+    assert set(sglang_processes()) <= before, "the demo left SGLang processes behind"
