@@ -74,6 +74,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from sglang_kimi.kernels.moe_tuning import run_tune_moe
+
+    path = run_tune_moe(args)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-kimi",
@@ -116,6 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
         "assets and the kernel overrides that would be active. Exits 1 when it finds a problem.",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    tune = sub.add_parser("tune", help="generate kernel tuning tables on a GPU")
+    tune_sub = tune.add_subparsers(dest="tune_target", metavar="TARGET", required=True)
+    from sglang_kimi.kernels.moe_tuning import add_tune_moe_args
+
+    add_tune_moe_args(
+        tune_sub.add_parser(
+            "moe",
+            help="Triton autotune sweep of SGLang's fused-MoE kernel at the verify shapes (needs a GPU)",
+            description="Times SGLang's Triton fused-MoE kernel for Kimi's expert shapes at M = batch x draft "
+            "tokens over a config search space (progress bar), and writes a table in SGLang's JSON format that the "
+            "plugin serves on this device from then on.",
+        )
+    )
     return parser
 
 
@@ -130,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_demo(args)
     if args.command == "doctor":
         return cmd_doctor(args)
+    if args.command == "tune":
+        return cmd_tune(args)
     parser.print_help()
     return 0
 

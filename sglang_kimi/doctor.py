@@ -21,7 +21,8 @@ import json
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang_kimi.plugin import plugin_state
-print({STATE_MARK!r} + json.dumps(plugin_state()))
+from sglang_kimi.kernels import active_overrides
+print({STATE_MARK!r} + json.dumps({{"plugin": plugin_state(), "kernel_overrides": active_overrides()}}))
 """
 
 
@@ -74,8 +75,10 @@ def collect() -> dict:
     else:
         if not version_in_range(sglang, SUPPORTED_SGLANG):
             problems.append(f"sglang {sglang} is outside the tested range {SUPPORTED_SGLANG[0]}..{SUPPORTED_SGLANG[1]}")
-        state, error = probe_registration(cpu)
+        probed, error = probe_registration(cpu)
+        state = probed and probed["plugin"]
         report["plugin"] = state
+        report["kernel_overrides"] = probed and probed["kernel_overrides"]
         if state is None:
             problems.append("SGLang could not load the plugin in a fresh process:\n" + error)
         else:
@@ -105,6 +108,12 @@ def print_report(report: dict) -> None:
         print(f"  {entry['name']:<24} {outcome}")
         print(f"      {entry['target']}")
         print(f"      {entry['why']}")
+    print("kernel overrides (as a server process on this machine would have them):")
+    for row in report.get("kernel_overrides") or []:
+        what = row.get("name") or row.get("key") or ""
+        value = f"={row['value']} (set by {row['set_by']})" if "value" in row else ""
+        state = "active" if row.get("active") else "inactive"
+        print(f"  {row['kind']:<11} {state:<8} {what}{value}: {row.get('why', '')}")
     print(f"tiny model: {report['tiny_model'] or 'missing'}")
     if report["problems"]:
         print("problems:")

@@ -65,6 +65,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "with --language-model-only, Kimi-K2.5/K2.6 is built without its MoonViT tower and its weights are skipped "
         "(SGLang 0.5.23 always builds and loads the tower)",
     ),
+    Entry(
+        "moe-verify-configs",
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs",
+        "sglang_kimi.kernels.moe_tuning:install_moe_overrides",
+        "serves the plugin's Triton fused-MoE tables for the verify shapes (M = batch x draft tokens) on matching "
+        "devices and shapes; SGLang's own lookup otherwise",
+    ),
+    Entry(
+        "aiter-verify-env",
+        "os.environ: AITER_FLYDSL_STAGE2_TILE_K, FLYDSL_MOE_STAGE1_SCHED (read by AITER on ROCm)",
+        "sglang_kimi.kernels.aiter_overrides:apply_aiter_env",
+        "AITER MoE switches published for the verify shape (stage-2 tile_k 256, no stage-1 scheduler hints at M=4); "
+        "ROCm only, never over a user's value, off with SGLANG_KIMI_AITER_OVERRIDES=0",
+    ),
 )
 
 # name -> "ok" | "skipped: <why>" | "failed: <error>"; filled by register_all() in this process.

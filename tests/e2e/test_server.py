@@ -15,6 +15,8 @@ from sglang_kimi.server import free_port, plugin_state, sglang_processes
 
 pytestmark = pytest.mark.e2e
 
+GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"}  # skipped on this CPU, with the reason
+
 PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?\nAnswer:"
 
 
@@ -29,7 +31,8 @@ def test_plugin_registered_in_the_scheduler_process(tiny_server):
     state = plugin_state(tiny_server.base_url)
     assert state["failed"] == []
     assert set(state["registrations"]) == {entry.name for entry in REGISTRATIONS}
-    assert all(outcome == "ok" for outcome in state["registrations"].values()), state["registrations"]
+    not_ok = {name: outcome for name, outcome in state["registrations"].items() if outcome != "ok"}
+    assert set(not_ok) == GPU_ONLY_ENTRIES and all(o.startswith("skipped: ") for o in not_ok.values()), not_ok
     scheduler_pid = state["pid"]
     assert scheduler_pid != tiny_server.proc.pid
     assert Path(f"/proc/{scheduler_pid}/comm").read_text().startswith("sglang::schedul")

@@ -9,7 +9,7 @@ import pytest
 
 from sglang_kimi import cli, server
 
-COMMANDS = ["serve", "demo", "doctor"]
+COMMANDS = ["serve", "demo", "doctor", "tune moe"]
 
 
 def _sglang_kimi(*args: str) -> subprocess.CompletedProcess:
@@ -22,12 +22,12 @@ def test_top_level_help_lists_commands():
     out = _sglang_kimi("--help")
     assert out.returncode == 0
     for command in COMMANDS:
-        assert command in out.stdout
+        assert command.split()[0] in out.stdout
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
-    out = _sglang_kimi(command, "--help")
+    out = _sglang_kimi(*command.split(), "--help")
     assert out.returncode == 0, out.stderr
     assert f"usage: sglang-kimi {command}" in out.stdout
 
@@ -100,3 +100,9 @@ def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
     assert "--device" not in spec.argv and "--attention-backend" not in spec.argv
     assert spec.env == dict(os.environ) and spec.shims == []
+
+
+def test_tune_moe_refuses_without_gpu():
+    out = _sglang_kimi("tune", "moe", "--max-configs", "1")
+    assert out.returncode != 0
+    assert "needs a CUDA or ROCm GPU" in out.stderr
