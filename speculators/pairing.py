@@ -1,0 +1,348 @@
+"""Does this drafter fit this target? Config-only checks, cheap enough to run before any weight loads.
+
+:func:`validate_pair` reads the target's ``config.json`` (a Kimi wrapper with ``text_config`` inside, or a plain
+DeepSeek-V3 config; dict, HF config object or path) and a drafter's (DFlash, z-lab format; EAGLE3, SpecForge /
+lightseek format incl. the MLA variant) and raises one :class:`DrafterMismatchError` listing every mismatch, each
+with both values and the fix::
+
+    validate_pair("moonshotai/Kimi-K2.6/config.json", "z-lab/Kimi-K2.5-DFlash", num_draft_tokens=8,
+                  expected_algorithm="DFLASH")
+
+A drafter config that cannot be parsed at all raises :class:`DrafterConfigError`. Both are ``ValueError``s.
+
+Capture convention (SGLang's DeepSeek-V3 target, ``deepseek_v2.py``): a drafter "target layer id" l is the output
+of decoder layer l, captured at the *input* of layer l + 1; capture points run 0..L-1, so the output of the last
+layer (l = L-1) can never be captured and ids must lie in 0..L-2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dflash import DFlashConfig
+    from .eagle3 import Eagle3Config
+
+DFLASH = "DFLASH"
+EAGLE3 = "EAGLE3"
+
+DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+
+
+class DrafterConfigError(ValueError):
+    """A drafter ``config.json`` that cannot be parsed: a missing or invalid field, an unknown architecture."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One way a drafter does not fit: the field, the drafter's value, the target's (or requested) value, the fix."""
+
+    field: str
+    draft: Any
+    target: Any
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: drafter has {self.draft}, target has {self.target}. Fix: {self.fix}"
+
+
+class DrafterMismatchError(ValueError):
+    """A drafter that does not fit its target or the requested settings; ``problems`` lists every mismatch."""
+
+    def __init__(self, problems: Sequence[Mismatch], algorithm: str | None = None) -> None:
+        self.problems = list(problems)
+        self.algorithm = algorithm
+        what = f"{algorithm} drafter" if algorithm else "drafter"
+        lines = [f"{what} does not fit the target model:"] + [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading configs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_config_dict(source: Any) -> dict:
+    """A ``config.json`` as a dict, from a dict, a path (folder or file) or an HF config object (``to_dict()``)."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise DrafterConfigError(f"no config.json at {source!s}")
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DrafterConfigError(f"{path} is not valid JSON: {e}") from e
+    to_dict = getattr(source, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise TypeError(f"expected a config dict, a path or an HF config object, got {type(source).__name__}")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the checks need from the target's text model config (``text_config`` of a Kimi wrapper, else the
+    config itself)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    architectures: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, target_config: Any) -> TargetInfo:
+        if isinstance(target_config, TargetInfo):
+            return target_config
+        if not isinstance(target_config, (Mapping, str, Path)) and getattr(target_config, "text_config", None):
+            target_config = target_config.text_config  # HF wrapper object: its text config
+        d = load_config_dict(target_config)
+        top_arch = tuple(d.get("architectures") or ())
+        text = d.get("text_config") or d
+        if not isinstance(text, Mapping):
+            text = load_config_dict(text)
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if text.get(k) is None]
+        if missing:
+            raise ValueError(f"target config has no {', '.join(missing)} (looked in text_config, then top level)")
+        return cls(
+            vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]),
+            num_hidden_layers=int(text["num_hidden_layers"]),
+            architectures=top_arch or tuple(text.get("architectures") or ()),
+        )
+
+    @property
+    def capturable_layer_ids(self) -> range:
+        """Layer ids whose output SGLang's DeepSeek-V3 target can capture (0..L-2)."""
+        return range(self.num_hidden_layers - 1)
+
+
+def drafter_algorithm(draft_config: Any) -> str:
+    """``"DFLASH"`` or ``"EAGLE3"`` from a drafter config's ``architectures``."""
+    from .dflash import DFlashConfig
+    from .eagle3 import Eagle3Config
+
+    if isinstance(draft_config, DFlashConfig):
+        return DFLASH
+    if isinstance(draft_config, Eagle3Config):
+        return EAGLE3
+    archs = list(load_config_dict(draft_config).get("architectures") or [])
+    if any(a in DFLASH_ARCHITECTURES for a in archs):
+        return DFLASH
+    if any(a in EAGLE3_ARCHITECTURES for a in archs):
+        return EAGLE3
+    raise DrafterConfigError(
+        f"unknown drafter architectures {archs}: expected one of {list(DFLASH_ARCHITECTURES)} (DFLASH) or "
+        f"{list(EAGLE3_ARCHITECTURES)} (EAGLE3)"
+    )
+
+
+def parse_drafter_config(draft_config: Any) -> DFlashConfig | Eagle3Config:
+    """The parsed :class:`~.dflash.DFlashConfig` or :class:`~.eagle3.Eagle3Config` of a drafter config."""
+    from .dflash import DFlashConfig
+    from .eagle3 import Eagle3Config
+
+    if isinstance(draft_config, (DFlashConfig, Eagle3Config)):
+        return draft_config
+    d = load_config_dict(draft_config)
+    return DFlashConfig.from_dict(d) if drafter_algorithm(d) == DFLASH else Eagle3Config.from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------------------------------------------
+
+_ARCHS = {DFLASH: DFLASH_ARCHITECTURES, EAGLE3: EAGLE3_ARCHITECTURES}
+_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
+
+
+def _check_vocab(algorithm: str, cfg: Any, target: TargetInfo, problems: list[Mismatch]) -> None:
+    if cfg.vocab_size != target.vocab_size:
+        problems.append(
+            Mismatch(
+                "vocab_size",
+                cfg.vocab_size,
+                target.vocab_size,
+                f"use a {algorithm} drafter trained for this target (its vocab_size must equal the target's "
+                f"{target.vocab_size}); the drafter is for a different tokenizer",
+            )
+        )
+
+
+def _check_layer_ids(field: str, layer_ids: Sequence[int], target: TargetInfo, problems: list[Mismatch]) -> None:
+    allowed = target.capturable_layer_ids
+    bad = [layer for layer in layer_ids if layer not in allowed]
+    if bad:
+        problems.append(
+            Mismatch(
+                field,
+                f"{list(layer_ids)} (out of range: {bad})",
+                f"num_hidden_layers {target.num_hidden_layers} (capturable layer outputs 0..{allowed.stop - 1}; "
+                "SGLang captures the output of layer l at the input of layer l+1)",
+                "use a drafter trained for this target; its layer ids must name layers the target has",
+            )
+        )
+
+
+def _dflash_problems(cfg: DFlashConfig, target: TargetInfo, num_draft_tokens: int | None) -> list[Mismatch]:
+    problems: list[Mismatch] = []
+    _check_vocab(DFLASH, cfg, target, problems)
+    if cfg.hidden_size != target.hidden_size:
+        problems.append(
+            Mismatch(
+                "hidden_size",
+                cfg.hidden_size,
+                target.hidden_size,
+                "DFlash embeds its block with the target's embed_tokens and reads out with the target's lm_head, "
+                f"so its hidden_size must equal the target's {target.hidden_size}; use a drafter trained for "
+                "this target",
+            )
+        )
+    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_hidden_layers:
+        problems.append(
+            Mismatch(
+                "num_target_layers",
+                cfg.num_target_layers,
+                f"num_hidden_layers {target.num_hidden_layers}",
+                f"the drafter was trained on a {cfg.num_target_layers}-layer target; use a DFlash drafter trained "
+                f"for this {target.num_hidden_layers}-layer target",
+            )
+        )
+    _check_layer_ids(
+        "dflash_config.target_layer_ids", cfg.resolve_target_layer_ids(target.num_hidden_layers), target, problems
+    )
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        problems.append(
+            Mismatch(
+                "dflash_config.mask_token_id",
+                cfg.mask_token_id,
+                f"vocab_size {target.vocab_size} (valid ids 0..{target.vocab_size - 1})",
+                "set dflash_config.mask_token_id to a token id inside the target vocabulary (Kimi: [UNK] 163838); "
+                "SGLang cannot grow the target embedding for a new mask token",
+            )
+        )
+    if num_draft_tokens is not None:
+        if num_draft_tokens > cfg.block_size:
+            problems.append(
+                Mismatch(
+                    "block_size",
+                    cfg.block_size,
+                    f"--speculative-num-draft-tokens {num_draft_tokens} requested",
+                    f"pass --speculative-num-draft-tokens {cfg.block_size} or less: the drafter was trained on "
+                    f"blocks of {cfg.block_size} (root + {cfg.block_size - 1} drafts) and has never predicted "
+                    "further positions",
+                )
+            )
+        elif num_draft_tokens < 2:
+            problems.append(
+                Mismatch(
+                    "block_size",
+                    cfg.block_size,
+                    f"--speculative-num-draft-tokens {num_draft_tokens} requested",
+                    f"pass --speculative-num-draft-tokens between 2 and {cfg.block_size} (the block counts the "
+                    "root, so fewer than 2 drafts nothing)",
+                )
+            )
+    return problems
+
+
+def _eagle3_problems(cfg: Eagle3Config, target: TargetInfo, num_draft_tokens: int | None) -> list[Mismatch]:
+    problems: list[Mismatch] = []
+    _check_vocab(EAGLE3, cfg, target, problems)
+    if cfg.draft_vocab_size > cfg.vocab_size:
+        problems.append(
+            Mismatch(
+                "draft_vocab_size",
+                cfg.draft_vocab_size,
+                f"vocab_size {cfg.vocab_size}",
+                "draft_vocab_size is a subset of the target vocabulary (d2t maps it in); fix the drafter's config",
+            )
+        )
+    if cfg.target_hidden_size != target.hidden_size:
+        field = "target_hidden_size" if cfg.has_target_hidden_size else "hidden_size"
+        problems.append(
+            Mismatch(
+                field,
+                cfg.target_hidden_size,
+                target.hidden_size,
+                f"fc projects {cfg.num_aux_hidden_states} x the target's hidden states "
+                f"({cfg.num_aux_hidden_states} x {target.hidden_size} = "
+                f"{cfg.num_aux_hidden_states * target.hidden_size} inputs, the drafter expects "
+                f"{cfg.num_aux_hidden_states * cfg.target_hidden_size}); use an EAGLE3 drafter trained for this target",
+            )
+        )
+    _check_layer_ids(
+        "eagle_config.eagle_aux_hidden_state_layer_ids (as layer outputs)",
+        cfg.resolve_target_layer_ids(target.num_hidden_layers),
+        target,
+        problems,
+    )
+    if num_draft_tokens is not None and num_draft_tokens < 1:
+        problems.append(
+            Mismatch(
+                "num_draft_tokens",
+                "any >= 1",
+                f"--speculative-num-draft-tokens {num_draft_tokens} requested",
+                "pass --speculative-num-draft-tokens >= 2 (it counts the root)",
+            )
+        )
+    return problems
+
+
+def validate_pair(
+    target_config: Any,
+    draft_config: Any,
+    *,
+    num_draft_tokens: int | None = None,
+    expected_algorithm: str | None = None,
+) -> DFlashConfig | Eagle3Config:
+    """Check a drafter against its target; return the parsed drafter config or raise :class:`DrafterMismatchError`.
+
+    target_config: the target's config (Kimi wrapper or DeepSeek-V3; dict, HF config object or path).
+    draft_config: the drafter's config (dict, path, HF config object, or an already parsed config).
+    num_draft_tokens: SGLang's ``--speculative-num-draft-tokens`` (DFlash: the block, root included).
+    expected_algorithm: SGLang's ``--speculative-algorithm`` (``"DFLASH"`` or ``"EAGLE3"``); a drafter of the
+    other kind is one mismatch, reported with the algorithm that fits it.
+
+    Checks (DFlash): vocab_size, hidden_size, num_target_layers, target_layer_ids within the target's capturable
+    layers, mask_token_id inside the vocab, num_draft_tokens <= block_size. (EAGLE3): vocab_size,
+    draft_vocab_size <= vocab_size, target hidden size, aux layer ids within the target's capturable layers.
+    """
+    algorithm = drafter_algorithm(draft_config)
+    target = TargetInfo.from_config(target_config)
+    if expected_algorithm is not None and expected_algorithm.upper() != algorithm:
+        archs = list(getattr(parse_drafter_config(draft_config), "architectures", ()))
+        wanted = expected_algorithm.upper()
+        hint = (
+            f"point --speculative-draft-model-path at a {wanted} drafter (architectures "
+            f"{list(_ARCHS[wanted])}, e.g. {_EXAMPLES[wanted]})"
+            if wanted in _ARCHS
+            else f"use one of {sorted(_ARCHS)}"
+        )
+        raise DrafterMismatchError(
+            [
+                Mismatch(
+                    "speculative algorithm",
+                    f"a {algorithm} drafter (architectures {archs})",
+                    f"--speculative-algorithm {expected_algorithm} requested",
+                    f"pass --speculative-algorithm {algorithm}, or {hint}",
+                )
+            ],
+            algorithm,
+        )
+    cfg = parse_drafter_config(draft_config)
+    problems = (
+        _dflash_problems(cfg, target, num_draft_tokens)
+        if algorithm == DFLASH
+        else _eagle3_problems(cfg, target, num_draft_tokens)
+    )
+    if problems:
+        raise DrafterMismatchError(problems, algorithm)
+    return cfg
