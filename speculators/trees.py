@@ -219,10 +219,25 @@ def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) ->
     batch, length, vocab = draft_logits.shape
     if budget < 1 or length < 1:
         raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
-    device = draft_logits.device
-    k = min(budget, vocab)
     log_probs = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)  # [B, L, V]
-    ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, k)  # [B, L, K]: rank r = r-th best token
+    ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, min(budget, vocab))  # [B, L, K]: r-th best token
+    return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)
+
+
+def build_ddtree_ranked(
+    root: torch.Tensor, ranked_lp: torch.Tensor, ranked_ids: torch.Tensor, budget: int
+) -> DraftTree:
+    """:func:`build_ddtree` from each position's best K tokens, already ranked.
+
+    root [B]; ranked_lp [B, L, K] float32 log-probs (full-vocabulary log_softmax) and ranked_ids [B, L, K], rank r
+    = the r-th best token (log-prob descending, then vocab id ascending), K = min(budget, V). Only these K per
+    position can enter a tree of ``budget`` nodes, so a tensor-parallel caller ranks each vocabulary shard and
+    merges, without gathering the full vocabulary.
+    """
+    batch, length, k = ranked_lp.shape
+    if budget < 1 or length < 1:
+        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
+    device = ranked_lp.device
 
     # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank): ties to lower index.
     beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]

@@ -60,15 +60,17 @@ def process_logits(
     temperature: float | torch.Tensor,
     top_k: int | torch.Tensor = TOP_K_ALL,
     top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     """Target probabilities [..., V] (float32) as SGLang's non-speculative sampler would draw from them.
 
-    logits [..., V]; temperature, top_k, top_p are scalars or tensors of shape ``logits.shape[:-1]``.
+    logits [..., V]; temperature, top_k, top_p, min_p are scalars or tensors of shape ``logits.shape[:-1]``.
     Temperature <= 0 is greedy: a one-hot at the first argmax of the logits (SGLang turns temperature 0 into
     greedy). Otherwise p = softmax(logits / T); tokens sorted by p descending (ties: lower id first) are kept
     iff rank < top_k and the mass strictly before them is <= top_p, both measured on the unfiltered p (the
     "joint" order of SGLang's ``top_k_top_p_min_p_sampling_from_probs_torch`` and flashinfer's
-    ``top_k_top_p_sampling_from_probs``); the kept mass is renormalised. top_k <= 0 disables top-k.
+    ``top_k_top_p_sampling_from_probs``); then min-p drops tokens below ``min_p`` times the most likely kept one
+    (as the torch sampler does); the kept mass is renormalised. top_k <= 0 disables top-k.
 
     Example: p = [.5, .3, .2], top_k=2, top_p=.6: masses before = [0, .5, .8]: keep tokens 0, 1 -> [.625, .375, 0].
     """
@@ -83,7 +85,9 @@ def process_logits(
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     rank = torch.arange(vocab, device=logits.device)
+    min_p = torch.as_tensor(min_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
     keep = (rank < torch.where(top_k <= TOP_K_ALL, vocab, top_k)[..., None]) & (mass_before <= top_p[..., None])
+    keep &= sorted_probs >= sorted_probs[..., :1] * min_p[..., None]  # the top token is always kept
     kept = sorted_probs * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)
     probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, kept)

@@ -92,11 +92,13 @@ def test_process_logits_matches_sglang_sampler() -> None:
     top_k = torch.randint(0, 12, (rows,), generator=gen)  # 0 = disabled
     top_p = torch.rand(rows, generator=gen) * 0.9 + 0.1
     top_p[::4] = 1.0
-    ours = process_logits(logits, temperature, top_k, top_p)
+    min_p = torch.rand(rows, generator=gen) * 0.5
+    min_p[::3] = 0.0
+    ours = process_logits(logits, temperature, top_k, top_p, min_p)
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
     sglang_top_k = torch.where(top_k <= 0, 1 << 30, top_k)  # SGLang's TOP_K_ALL
     _, kept, kept_ids, _ = sglang_filter(
-        probs, sglang_top_k, top_p, torch.zeros(rows), False, None, None, return_filtered_probs=True
+        probs, sglang_top_k, top_p, min_p, True, None, None, return_filtered_probs=True
     )
     expected = torch.zeros_like(probs).scatter_(-1, kept_ids.long(), kept)
     expected = expected / expected.sum(dim=-1, keepdim=True)
