@@ -66,6 +66,31 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "(SGLang 0.5.23 always builds and loads the tower)",
     ),
     Entry(
+        "plugin-flags",
+        "sglang.srt.server_args.ServerArgs.add_cli_args",
+        "sglang_kimi.algorithms:install_flag_help",
+        "adds the plugin's server flags (--speculative-dflash-tree-budget) to `sglang.launch_server --help`",
+    ),
+    Entry(
+        "plugin-flags-parse",
+        "sglang.srt.server_args.ServerArgs.from_cli_args",
+        "sglang_kimi.algorithms:install_flag_parse",
+        "keeps the plugin flags' values on the server args (as bookkeeping SGLang pickles into its subprocesses)",
+    ),
+    Entry(
+        "speculative-validation",
+        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+        "sglang_kimi.algorithms:install_validation",
+        "checks drafter vs target, draft path, tree budget and attention backend before weights load (SGLang only "
+        "warns on a block-size mismatch and swallows drafter-config errors); sizes the DDTree verify window",
+    ),
+    Entry(
+        "dflash-tree-worker",
+        "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+        "sglang_kimi.algorithms:install_worker_selection",
+        "DFLASH with --speculative-dflash-tree-budget runs the DDTree worker (SGLang's DFLASH is chain-only)",
+    ),
+    Entry(
         "moe-verify-configs",
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs",
         "sglang_kimi.kernels.moe_tuning:install_moe_overrides",

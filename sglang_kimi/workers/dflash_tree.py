@@ -1,0 +1,327 @@
+"""DFLASH with DDTree draft trees: one DFlash pass, a best-first tree of its per-position marginals, one tree verify.
+
+SGLang's ``DFlashWorkerV2`` drafts a block and verifies it as a chain. :class:`DFlashTreeWorker` keeps its prefill,
+its draft forward and its draft-KV bookkeeping, and replaces the decode step:
+
+1. draft: the block ``[bonus, mask x (B-1)]`` through the DFlash drafter (non-causal, context = the drafter's KV of
+   the committed tokens), then the target's LM head ranks each position's best K = budget tokens (tensor-parallel:
+   each rank ranks its vocabulary shard; the shards' candidates and log-sum-exps are gathered);
+2. tree: DDTree (``speculators.trees.build_ddtree_ranked``; the Triton ``kernels.ddtree_build`` on a GPU) with
+   ``budget`` nodes below the root, padded to the N = budget + 1 slots of the verify window;
+3. verify: the target over the N nodes at positions ``prefix + depth`` with the ancestor mask (``DFlashVerifyInput``
+   with a FULL_MASK custom mask); greedy or target-only sampled tree verification (``speculators.verify``);
+4. commit: the accepted path moves to the front of the window by permuting the request's ``req_to_token`` slots
+   (its KV was written at the final positions already), so the rest of SGLang, the drafter's KV append included,
+   sees a chain of ``accepted + 1`` committed tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.distributed import tensor_model_parallel_all_gather
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments, is_dense_head_weight
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
+
+from sglang_kimi.algorithms import plugin_args
+from sglang_kimi.speculators.trees import DraftTree, build_ddtree_ranked, topk_lowest_index_ties
+from sglang_kimi.speculators.verify import verify_greedy, verify_sampled
+from sglang_kimi.workers.tree_batch import full_tree_mask, path_first_order, verify_probs
+
+logger = logging.getLogger(__name__)
+
+OUT_TOKEN_PAD = 0  # SGLang reads only the first accept_len entries of a row; 0 keeps log-prob gathers in range
+
+
+class DFlashTreeWorker(DFlashWorkerV2):
+    """``--speculative-algorithm DFLASH --speculative-dflash-tree-budget N``: DFlash with DDTree draft trees."""
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        args = plugin_args(server_args)
+        self.tree_budget = int(args.dflash_tree_budget)
+        # SGLang sized every per-step buffer and KV reservation by the verify window (budget + 1 slots, set at
+        # start-up); the drafter runs the shorter block.
+        self.num_verify_tokens = int(self.block_size)
+        self.block_size = int(args.dflash_tree_block)
+        self.speculative_num_draft_tokens = self.num_verify_tokens
+        self.draft_model.set_block_size(self.block_size)
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self._use_triton_ddtree = torch.device(self.device).type == "cuda"  # CUDA and ROCm builds
+        for unsupported, what in (
+            (self.use_compact_draft_cache, "--speculative-draft-window-size"),
+            (self.selector is not None, "a DFlash drafter with a candidate selector"),
+            (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
+            (self._is_domino, "a Domino DFlash drafter"),
+            (get_parallel().attn_dp_enabled, "DP attention"),
+        ):
+            if unsupported:
+                raise ValueError(f"DFLASH draft trees (--speculative-dflash-tree-budget) do not support {what}")
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None or not is_dense_head_weight(getattr(lm_head, "weight", None)):
+            raise ValueError("DFLASH draft trees need the target's LM head as a dense (unquantized) weight")
+        logger.info(
+            "DFLASH draft trees: budget %d nodes, draft block %d, verify window %d",
+            self.tree_budget,
+            self.block_size,
+            self.num_verify_tokens,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
+        return self._tree_decode_step(batch, on_publish, grammar_barrier)
+
+    def _tree_decode_step(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
+        draft_input = batch.spec_info
+        bs = len(batch.seq_lens)
+        block, window = self.block_size, self.num_verify_tokens
+        prefix_lens = batch.seq_lens  # [bs]
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+        target_runner = self.target_worker.model_runner
+        req_to_token = target_runner.req_to_token_pool.req_to_token
+
+        # The step's verify window: N reserved slots per request, from position prefix on.
+        window_slots = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + window,
+            batch_size=bs,
+            draft_token_num=window,
+            device=self.device,
+        ).view(bs, window)  # [bs, N]
+        kv_loc_plan = target_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=window_slots.reshape(-1),
+            read_extent=window,
+        )
+
+        # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head.
+        root = draft_input.bonus_tokens.view(-1).long()  # [bs]
+        draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan)  # [bs, B, H]
+        ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1:].reshape(bs * (block - 1), -1))
+        ranked_lp = ranked_lp.view(bs, block - 1, -1)  # [bs, B-1, K]
+        ranked_ids = ranked_ids.view(bs, block - 1, -1)
+
+        # 2) The DDTree, padded to the window.
+        tree = pad_tree(self._build_tree(root, ranked_lp, ranked_ids), window)
+        grammar_tree = (
+            GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
+            if batch.has_grammar
+            else None
+        )
+
+        # 3) Target verify over the tree.
+        positions = tree.positions(prefix_lens.long()).reshape(-1)  # [bs*N]
+        verify_input = DFlashVerifyInput(
+            draft_token=tree.tokens.reshape(-1),
+            positions=positions,
+            draft_token_num=window,
+            custom_mask=full_tree_mask(tree.ancestor_mask(), seq_lens_cpu[:bs].tolist()),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=kv_loc_plan,
+        )
+        batch.out_cache_loc = window_slots.reshape(-1)
+        saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        if saved_cpu is not None:
+            batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        logits = logits_output.next_token_logits  # [bs*N, V]
+        sampling_info = batch.sampling_info
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=window
+            )
+        if grammar_tree is not None:
+            build_grammar_vocab_mask(
+                reqs=batch.reqs,
+                tree=grammar_tree,
+                sampling_info=sampling_info,
+                device=logits.device,
+                barrier=grammar_barrier,
+            ).apply(logits)
+
+        # 4) Verify and commit.
+        if sampling_info is None or sampling_info.is_all_greedy:
+            result = verify_greedy(tree, logits.view(bs, window, -1))
+        else:
+            probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)
+            result = verify_sampled(tree, probs, None)
+        commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
+        order = path_first_order(result.accepted_nodes, window)  # [bs, N]
+        committed_slots = window_slots.gather(1, order)  # [bs, N]
+        columns = prefix_lens.long()[:, None] + torch.arange(window, device=self.device)  # [bs, N]
+        req_to_token[batch.req_pool_indices.long()[:, None], columns] = committed_slots.to(req_to_token.dtype)
+
+        out_tokens = torch.full((bs, window), OUT_TOKEN_PAD, dtype=torch.int64, device=self.device)
+        width = result.output_tokens.shape[1]
+        out_tokens[:, :width] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
+        logits_output.next_token_logits = gather_rows(logits, order)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
+
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # The drafter's context: the committed tokens' target features, at their positions and slots.
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH tree verify requires target hidden states, but got None.")
+        draft_slots = self._draft_write_ids(kv_loc_plan).view(bs, window).gather(1, order)  # [bs, N]
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=gather_rows(hidden, order),
+            cache_loc=draft_slots.reshape(-1),
+            cache_loc_2d=draft_slots,
+            positions=columns.reshape(-1),
+            commit_lens=commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=result.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=window,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _draft_block(self, batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan) -> torch.Tensor:
+        """Hidden states [bs, B, H] of the DFlash drafter over the block [root, mask x (B-1)]."""
+        bs, block = root.shape[0], self.block_size
+        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
+        block_ids[:, 0] = root
+        positions = (prefix_lens[:, None] + self._block_pos_offsets).reshape(-1)  # [bs*B]
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        input_embeds = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            input_embeds = input_embeds * self._noise_embed_scale
+        host_lens = seq_lens_cpu[:bs] + block  # host bound: committed prefix + the block
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.reshape(-1),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=None,
+            seq_lens_sum=int(host_lens.sum()),
+            seq_lens_cpu=host_lens,
+            positions=positions,
+            input_embeds=input_embeds.reshape(bs * block, -1),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=False,
+        )
+        # The block's scratch KV goes to the first B slots of the window; the verify rewrites them.
+        kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+            out = self.draft_model_runner.forward(forward_batch)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH draft model returned no hidden states.")
+        return hidden.view(bs, block, -1)
+
+    def _ranked_draft_logprobs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's best K = min(budget, V) tokens under the target's LM head: (log-probs [n, K] float32 over
+        the full vocabulary, token ids [n, K]), ranked by log-prob then id. Tensor-parallel: every rank ranks its
+        shard; candidates and log-sum-exps are gathered, so all ranks build the same tree."""
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        weight = lm_head.weight  # [local vocab (padded), H]
+        vocab = int(self.model_runner.model_config.vocab_size)
+        shard = getattr(lm_head, "shard_indices", None)
+        tp_size = int(get_parallel().tp_group.world_size) if shard is not None else 1
+        local_start = int(shard.org_vocab_start_index) if shard is not None else 0
+        local_size = int(shard.num_org_elements) if shard is not None else vocab
+        with draft_tp_context(self.draft_parallel_layout):
+            logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
+        k = min(self.tree_budget, vocab)
+        if tp_size == 1:
+            return topk_lowest_index_ties(torch.log_softmax(logits, dim=-1), k)
+        # Local candidates (every rank has >= 1; a shard smaller than K offers all it has, padded with -inf).
+        local_k = min(k, local_size)
+        values, ids = topk_lowest_index_ties(logits, local_k)
+        if local_k < k:
+            pad = k - local_k
+            values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], dim=1)
+            ids = torch.cat([ids, ids.new_zeros((ids.shape[0], pad))], dim=1)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [n, 1]
+        values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
+        ids = tensor_model_parallel_all_gather((ids + local_start).contiguous(), dim=-1)
+        lse = torch.logsumexp(tensor_model_parallel_all_gather(lse.contiguous(), dim=-1), dim=-1, keepdim=True)
+        # Shards hold increasing id ranges, so "lower position" is "lower id" among equal values.
+        best, pos = topk_lowest_index_ties(values, k)
+        return best - lse, ids.gather(1, pos)
+
+    def _build_tree(self, root, ranked_lp, ranked_ids) -> DraftTree:
+        if self._use_triton_ddtree:
+            from sglang_kimi.kernels.ddtree_build import ddtree_build
+
+            return ddtree_build(root, ranked_lp, ranked_ids, self.tree_budget)
+        return build_ddtree_ranked(root, ranked_lp, ranked_ids, self.tree_budget)
+
+
+def pad_tree(tree: DraftTree, num_slots: int) -> DraftTree:
+    """The tree with padding slots up to ``num_slots`` (a DDTree has fewer nodes than its budget only when the block
+    has fewer prefixes). A padding node's token is the root's (a valid id for the verify forward); its parent is
+    -1 and its depth 0, so it is nobody's child and sees only itself: it is never accepted."""
+    batch, slots = tree.tokens.shape
+    if slots == num_slots:
+        return tree
+    if slots > num_slots:
+        raise ValueError(f"a tree of {slots} slots does not fit a verify window of {num_slots}")
+    extra = num_slots - slots
+
+    def pad(x: torch.Tensor, value) -> torch.Tensor:
+        fill = value if isinstance(value, torch.Tensor) else x.new_full((batch, extra), value)
+        return torch.cat([x, fill], dim=1)
+
+    return DraftTree(
+        tokens=pad(tree.tokens, tree.tokens[:, :1].expand(batch, extra)),
+        parents=pad(tree.parents, -1),
+        depths=pad(tree.depths, 0),
+        num_nodes=tree.num_nodes,
+        max_depth=tree.max_depth,
+    )
+
+
+def gather_rows(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """rows [bs*N, C] -> rows reordered per request by order [bs, N] (row j of request b = its node order[b, j])."""
+    bs, n = order.shape
+    index = (order + torch.arange(bs, device=order.device)[:, None] * n).reshape(-1)
+    return rows.index_select(0, index)

@@ -1,0 +1,71 @@
+"""Tensors in SGLang's conventions for verifying a batch of draft trees (torch only, no SGLang import).
+
+A tree verify runs the target once over every node of every request's tree (``TARGET_VERIFY``), with node i of
+request b at position ``prefix_lens[b] + depth[b, i]`` and its KV row written to the i-th slot of the request's
+verify window (``req_to_token[b, prefix : prefix + N]``). After verification the accepted path is moved to the
+front of the window, so that the committed tokens sit at consecutive positions exactly as after a chain verify:
+every consumer downstream (KV bookkeeping, log-probs, the drafter's context features) then sees a chain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_kimi.speculators.verify import TOP_K_ALL, process_logits
+
+# SGLang's "no top-k" value in SamplingBatchInfo.top_ks.
+SGLANG_TOP_K_ALL = 1 << 30
+
+
+def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: list[int]) -> torch.Tensor:
+    """SGLang's FULL_MASK custom attention mask for a tree verify, flattened.
+
+    ancestor_mask bool [B, N, N] (node i sees node j iff j is i or an ancestor of i); prefix_lens: the committed
+    length of each request (host ints). Per request, N query rows of ``prefix + N`` key columns, row-major: every
+    prefix key is visible, tree keys by the ancestor mask. Requests are concatenated (True = attend).
+
+    Example: one request, prefix 2, tree root -> a: rows [[1, 1, 1, 0], [1, 1, 1, 1]] -> 8 values.
+    """
+    batch, n, _ = ancestor_mask.shape
+    parts = []
+    for b in range(batch):
+        prefix = torch.ones((n, prefix_lens[b]), dtype=torch.bool, device=ancestor_mask.device)
+        parts.append(torch.cat([prefix, ancestor_mask[b]], dim=1).reshape(-1))
+    return torch.cat(parts)
+
+
+def path_first_order(accepted_nodes: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """The permutation of each request's N verify slots that puts the accepted path first.
+
+    accepted_nodes [B, D+1] int64: root (0), then the accepted nodes, then -1. Returns order [B, N]: the path's
+    nodes in path order, then every other node in node order; ``slots.gather(1, order)`` moves the path to the
+    front.
+
+    Example: N = 5, path [0, 3, 4]: order [0, 3, 4, 1, 2].
+    """
+    batch, width = accepted_nodes.shape
+    device = accepted_nodes.device
+    # key[b, i]: where node i goes: its place on the path, else after the path in node order.
+    key = (torch.arange(num_slots + 1, device=device) + width).repeat(batch, 1)  # [B, N+1]; column N absorbs -1s
+    on_path = accepted_nodes >= 0
+    key.scatter_(1, torch.where(on_path, accepted_nodes, num_slots), torch.arange(width, device=device).repeat(batch, 1))
+    return key[:, :num_slots].argsort(dim=1)
+
+
+def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:
+    """The target distribution at every verify row, as the non-speculative sampler would draw from it.
+
+    logits [B*N, V] (after SGLang's logit adjustments: penalties, bias, grammar); ``sampling_info``:
+    SGLang's ``SamplingBatchInfo`` (per-request temperatures [B, 1], top_ks, top_ps, min_ps [B]). Greedy requests
+    (SGLang encodes them as top_k = 1) get a one-hot at the argmax. Returns float32 [B*N, V].
+    """
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(values.reshape(-1), tokens_per_request, dim=0)
+
+    top_k = per_row(sampling_info.top_ks).long()
+    top_k = torch.where(top_k >= SGLANG_TOP_K_ALL, TOP_K_ALL, top_k)
+    min_p = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else 0.0
+    return process_logits(
+        logits, per_row(sampling_info.temperatures), top_k, per_row(sampling_info.top_ps), min_p
+    )

@@ -1,0 +1,77 @@
+"""SGLang-convention tensors for tree verify: the FULL_MASK layout, the path-first permutation, verify probs."""
+
+from types import SimpleNamespace
+
+import torch
+
+from sglang_kimi.speculators.trees import DraftTree, build_ddtree
+from sglang_kimi.speculators.verify import process_logits, verify_greedy
+from sglang_kimi.workers.tree_batch import SGLANG_TOP_K_ALL, full_tree_mask, path_first_order, verify_probs
+
+
+def _tree(parents: list[list[int]]) -> DraftTree:
+    parents_t = torch.tensor(parents)
+    tokens = torch.arange(parents_t.numel()).view(parents_t.shape) + 10
+    return DraftTree.from_parents(tokens, parents_t)
+
+
+def test_full_mask_layout_per_request():
+    tree = _tree([[-1, 0, 0, 1], [-1, 0, 1, 2]])
+    prefix_lens = [2, 3]
+    flat = full_tree_mask(tree.ancestor_mask(), prefix_lens)
+    n = 4
+    assert flat.numel() == sum(n * (p + n) for p in prefix_lens)
+    first = flat[: n * (2 + n)].view(n, 2 + n)
+    second = flat[n * (2 + n):].view(n, 3 + n)
+    assert first[:, :2].all() and second[:, :3].all()
+    assert torch.equal(first[:, 2:], tree.ancestor_mask()[0])
+    assert torch.equal(second[:, 3:], tree.ancestor_mask()[1])
+    # node 3 of request 0 sees root, node 1 and itself, not its uncle 2
+    assert first[3, 2:].tolist() == [True, True, False, True]
+
+
+def test_path_first_order_puts_the_accepted_path_in_front():
+    accepted = torch.tensor([[0, 3, 4, -1], [0, -1, -1, -1], [0, 1, 2, 5]])
+    order = path_first_order(accepted, 6)
+    assert order.tolist() == [[0, 3, 4, 1, 2, 5], [0, 1, 2, 3, 4, 5], [0, 1, 2, 5, 3, 4]]
+    assert all(sorted(row) == list(range(6)) for row in order.tolist())
+
+
+def test_committed_tokens_follow_the_permuted_window():
+    """After verify, the permuted slots hold the path's nodes at consecutive positions: position prefix + j holds
+    a node of depth j, and the out tokens are the path tokens then the bonus."""
+    gen = torch.Generator().manual_seed(3)
+    root = torch.tensor([1, 2, 3])
+    tree = build_ddtree(root, torch.randn(3, 4, 12, generator=gen), budget=9)
+    logits = torch.randn(3, tree.num_slots, 12, generator=gen)
+    # make the target follow some drafted children so paths are longer than the root
+    for b in range(3):
+        logits[b, 0, tree.tokens[b, 1]] += 50
+    result = verify_greedy(tree, logits)
+    order = path_first_order(result.accepted_nodes, tree.num_slots)
+    depths = tree.depths.gather(1, order)
+    for b in range(3):
+        k = int(result.num_accepted[b])
+        assert k >= 1
+        assert depths[b, : k + 1].tolist() == list(range(k + 1))
+        path_tokens = tree.tokens[b].gather(0, order[b, 1 : k + 1]).tolist()
+        assert path_tokens == result.output_tokens[b, :k].tolist()
+
+
+def test_verify_probs_expands_sampling_params_per_request():
+    gen = torch.Generator().manual_seed(0)
+    bs, n, vocab = 3, 4, 30
+    logits = torch.randn(bs * n, vocab, generator=gen)
+    info = SimpleNamespace(
+        temperatures=torch.tensor([[0.7], [1.0], [1.3]]),
+        top_ks=torch.tensor([5, SGLANG_TOP_K_ALL, 1], dtype=torch.int32),  # 1 = greedy in SGLang
+        top_ps=torch.tensor([1.0, 0.8, 1.0]),
+        min_ps=torch.tensor([0.0, 0.1, 0.0]),
+        need_min_p_sampling=True,
+    )
+    probs = verify_probs(logits, info, n).view(bs, n, vocab)
+    rows = logits.view(bs, n, vocab)
+    torch.testing.assert_close(probs[0], process_logits(rows[0], 0.7, 5, 1.0, 0.0))
+    torch.testing.assert_close(probs[1], process_logits(rows[1], 1.0, 0, 0.8, 0.1))
+    assert torch.equal(probs[2].argmax(-1), rows[2].argmax(-1)) and torch.equal(probs[2].max(-1).values, torch.ones(n))
+    assert ((probs[0] > 0).sum(-1) == 5).all()
