@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
             "plugin serves on this device from then on.",
         )
     )
+
+    from sglang_kimi.evals.cli import add_bench_parser, add_eval_parser
+
+    add_eval_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -154,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_doctor(args)
     if args.command == "tune":
         return cmd_tune(args)
+    if args.command in ("eval", "bench"):
+        from sglang_kimi.evals.cli import cmd_bench, cmd_eval
+
+        return cmd_eval(args) if args.command == "eval" else cmd_bench(args)
     parser.print_help()
     return 0
 

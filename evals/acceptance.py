@@ -1,0 +1,62 @@
+"""Speculative-decoding acceptance read from a server's ``/server_info``.
+
+- ``tau``: SGLang's ``internal_states[0]["avg_spec_accept_length"]``, output tokens per verify step over the
+  server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation.
+- the plugin's counters, ``internal_states[0]["sglang_kimi"]["spec_metrics"]``, cumulative since start-up:
+  ``drafted_per_position[i]`` / ``accepted_per_position[i]``: draft tokens proposed / accepted at draft depth
+  ``i`` (0 = first draft token); ``accept_length_histogram[k]``: verify steps that emitted ``k`` tokens
+  (accepted + bonus, the same "accept length" as tau).
+
+A benchmark level reads them before and after and reports the difference: acceptance of that level only.
+From the histogram difference it also derives the level's own tau: ``sum_k k * h[k] / sum_k h[k]``.
+"""
+
+from __future__ import annotations
+
+COUNTERS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
+
+
+def scheduler_state(server_info: dict) -> dict:
+    states = server_info.get("internal_states") or [{}]
+    return states[0] or {}
+
+
+def snapshot(server_info: dict) -> dict:
+    """``{"tau": float | None, "spec_metrics": {counter: [int]} | None}`` of one ``/server_info`` answer."""
+    state = scheduler_state(server_info)
+    metrics = (state.get("sglang_kimi") or {}).get("spec_metrics")
+    if isinstance(metrics, dict):
+        metrics = {k: [float(x) for x in metrics[k]] for k in COUNTERS if isinstance(metrics.get(k), list)}
+    else:
+        metrics = None
+    tau = state.get("avg_spec_accept_length")
+    return {"tau": float(tau) if tau is not None else None, "spec_metrics": metrics or None}
+
+
+def _minus(after: list[float], before: list[float]) -> list[float]:
+    # [n] - [m], the shorter padded with zeros (positions can appear as the draft length grows)
+    n = max(len(after), len(before))
+    a = after + [0.0] * (n - len(after))
+    b = before + [0.0] * (n - len(before))
+    return [x - y for x, y in zip(a, b)]
+
+
+def level_acceptance(before: dict, after: dict) -> dict | None:
+    """Acceptance during one level from two :func:`snapshot`s; None when the server exposes no counters."""
+    if after["spec_metrics"] is None:
+        return None
+    prev = before["spec_metrics"] or {}
+    delta = {k: _minus(after["spec_metrics"].get(k, []), prev.get(k, [])) for k in COUNTERS}
+    if any(x < 0 for values in delta.values() for x in values):
+        delta = after["spec_metrics"]  # counters were reset in between: report the totals
+    drafted, accepted = delta.get("drafted_per_position", []), delta.get("accepted_per_position", [])
+    rate = [(a / d if d > 0 else None) for a, d in zip(accepted, drafted)]
+    hist = delta.get("accept_length_histogram", [])
+    steps = sum(hist)
+    return {
+        "drafted_per_position": drafted,
+        "accepted_per_position": accepted,
+        "acceptance_per_position": rate,  # [depth] accepted / drafted
+        "accept_length_histogram": hist,
+        "tau_level": (sum(k * h for k, h in enumerate(hist)) / steps) if steps > 0 else None,
+    }
