@@ -91,6 +91,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "DFLASH with --speculative-dflash-tree-budget runs the DDTree worker (SGLang's DFLASH is chain-only)",
     ),
     Entry(
+        "spec-acceptance-metrics",
+        "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+        ".snapshot_spec_decode_metrics",
+        "sglang_kimi.metrics:install",
+        "counts drafted / accepted tokens per draft position and the accept-length histogram, for chains and trees "
+        "(/server_info and Prometheus)",
+    ),
+    Entry(
         "moe-verify-configs",
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs",
         "sglang_kimi.kernels.moe_tuning:install_moe_overrides",
@@ -222,8 +230,16 @@ def check_sglang_version():
     return None
 
 
-def _add_plugin_state(result, *args, **kwargs):
-    result.internal_state["sglang_kimi"] = plugin_state()
+def _add_plugin_state(result, controller, *args, **kwargs):
+    import dataclasses
+
+    from sglang_kimi.algorithms import plugin_args
+    from sglang_kimi.metrics import current_snapshot
+
+    state = plugin_state()
+    state["args"] = dataclasses.asdict(plugin_args(controller.scheduler.server_args))
+    state["spec_metrics"] = current_snapshot()
+    result.internal_state["sglang_kimi"] = state
     return result
 
 

@@ -1,0 +1,137 @@
+"""Per-position acceptance of speculative decoding, for chains and trees, in /server_info and Prometheus.
+
+Every decode step of every request drafts positions 1..D (D = the deepest draft the configuration can accept:
+chain length, EAGLE steps, DFlash tree depth) and accepts a of them (a path of a tree, a prefix of a chain).
+Counted in the scheduler, per position d: ``drafted[d]`` (steps that drafted position d) and ``accepted[d]``
+(steps that accepted at least d tokens), and the histogram of a. So ``accepted[d] / drafted[d]`` is the chance of
+getting d tokens past the step's bonus, and tau = 1 + sum(accepted) / steps. Reported in ``/server_info``
+(``internal_states[i]["sglang_kimi"]["spec_metrics"]``) and, with ``--enable-metrics``, as Prometheus counters
+``sglang_kimi:spec_drafted_per_position_total{position}``, ``sglang_kimi:spec_accepted_per_position_total{position}``
+and ``sglang_kimi:spec_accept_length_total{accepted}``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from sglang_kimi.plugin import hook, target_of
+
+
+class AcceptanceStats:
+    """Counters of one scheduler process."""
+
+    def __init__(self, max_depth: int, prometheus: bool):
+        self.max_depth = max_depth
+        self.drafted = [0] * (max_depth + 1)  # index d = position d (0 unused: the bonus is never drafted)
+        self.accepted = [0] * (max_depth + 1)
+        self.histogram = [0] * (max_depth + 1)  # index a = steps that accepted a drafts
+        self._lock = threading.Lock()
+        self._prometheus = _prometheus_counters() if prometheus else None
+
+    def record(self, accepted_drafts: torch.Tensor) -> None:
+        """accepted_drafts [bs] int: drafts accepted by each request this step (bonus excluded)."""
+        counts = torch.bincount(accepted_drafts.long().clamp(0, self.max_depth), minlength=self.max_depth + 1)
+        counts = counts.tolist()
+        steps = sum(counts)
+        with self._lock:
+            for a, n in enumerate(counts):
+                self.histogram[a] += n
+            reached = steps
+            for d in range(1, self.max_depth + 1):
+                reached -= counts[d - 1]  # steps that accepted >= d drafts
+                self.drafted[d] += steps
+                self.accepted[d] += reached
+        if self._prometheus is not None:
+            drafted, accepted, lengths = self._prometheus
+            reached = steps
+            for d in range(1, self.max_depth + 1):
+                reached -= counts[d - 1]
+                drafted.labels(position=str(d)).inc(steps)
+                accepted.labels(position=str(d)).inc(reached)
+            for a, n in enumerate(counts):
+                if n:
+                    lengths.labels(accepted=str(a)).inc(n)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            steps = sum(self.histogram)
+            accepted_total = sum(a * n for a, n in enumerate(self.histogram))
+            return {
+                "max_depth": self.max_depth,
+                "steps": steps,
+                "tau": (1 + accepted_total / steps) if steps else None,
+                "drafted_per_position": self.drafted[1:],
+                "accepted_per_position": self.accepted[1:],
+                "acceptance_rate_per_position": [
+                    (a / d) if d else None for a, d in zip(self.accepted[1:], self.drafted[1:])
+                ],
+                "accept_length_histogram": list(self.histogram),
+            }
+
+
+def _prometheus_counters():
+    from prometheus_client import Counter
+
+    return (
+        Counter(
+            "sglang_kimi:spec_drafted_per_position",
+            "Decode steps that drafted this position (1 = first token after the bonus).",
+            ["position"],
+        ),
+        Counter(
+            "sglang_kimi:spec_accepted_per_position",
+            "Decode steps that accepted a draft at this position.",
+            ["position"],
+        ),
+        Counter(
+            "sglang_kimi:spec_accept_length",
+            "Decode steps by number of accepted drafts.",
+            ["accepted"],
+        ),
+    )
+
+
+def max_draft_depth(spec, plugin) -> int:
+    """The deepest draft one step can accept: chain drafts, EAGLE steps, or the DFlash tree's block depth."""
+    algorithm = (spec.speculative_algorithm or "").upper()
+    if algorithm == "DFLASH" and plugin.dflash_tree_budget is not None:
+        return int(plugin.dflash_tree_block) - 1
+    if (spec.speculative_eagle_topk or 1) > 1:
+        return int(spec.speculative_num_steps)
+    return int(spec.speculative_num_draft_tokens) - 1
+
+
+_stats: AcceptanceStats | None = None
+
+
+def stats_for(scheduler) -> AcceptanceStats:
+    global _stats
+    if _stats is None:
+        from sglang.srt.runtime_context import get_spec
+
+        from sglang_kimi.algorithms import plugin_args
+
+        _stats = AcceptanceStats(
+            max_draft_depth(get_spec(), plugin_args(scheduler.server_args)),
+            prometheus=bool(getattr(scheduler, "enable_metrics", False)),
+        )
+    return _stats
+
+
+def current_snapshot() -> dict | None:
+    return _stats.snapshot() if _stats is not None else None
+
+
+def _record_step(result_none, reporter, batch, result):
+    """After SGLang's spec-v2 metrics snapshot: the step's accept lengths are on the host here."""
+    if result.accept_lens is None or batch.spec_algorithm.is_none():
+        return None
+    accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)
+    stats_for(reporter.scheduler).record(accepted)
+    return None
+
+
+def install():
+    hook(target_of("spec-acceptance-metrics"), _record_step, "AFTER")
