@@ -3,12 +3,14 @@
 - ``tau``: SGLang's ``internal_states[0]["avg_spec_accept_length"]``, output tokens per verify step over the
   server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation.
 - the plugin's counters, ``internal_states[0]["sglang_kimi"]["spec_metrics"]``, cumulative since start-up:
-  ``drafted_per_position[i]`` / ``accepted_per_position[i]``: draft tokens proposed / accepted at draft depth
-  ``i`` (0 = first draft token); ``accept_length_histogram[k]``: verify steps that emitted ``k`` tokens
-  (accepted + bonus, the same "accept length" as tau).
+  ``drafted_per_position[i]`` / ``accepted_per_position[i]``: decode steps that drafted position ``i + 1`` /
+  accepted at least ``i + 1`` draft tokens (list index 0 = the first token after the bonus);
+  ``accept_length_histogram[a]``: steps that accepted ``a`` drafts (bonus excluded).
+  See :mod:`sglang_kimi.metrics`.
 
 A benchmark level reads them before and after and reports the difference: acceptance of that level only.
-From the histogram difference it also derives the level's own tau: ``sum_k k * h[k] / sum_k h[k]``.
+From the histogram difference it also derives the level's own tau, output tokens per step:
+``1 + sum_a a * h[a] / sum_a h[a]``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def level_acceptance(before: dict, after: dict) -> dict | None:
     return {
         "drafted_per_position": drafted,
         "accepted_per_position": accepted,
-        "acceptance_per_position": rate,  # [depth] accepted / drafted
-        "accept_length_histogram": hist,
-        "tau_level": (sum(k * h for k, h in enumerate(hist)) / steps) if steps > 0 else None,
+        "acceptance_per_position": rate,  # [position - 1] accepted / drafted
+        "accept_length_histogram": hist,  # [accepted drafts] steps
+        "steps": steps,
+        "tau_level": (1 + sum(a * h for a, h in enumerate(hist)) / steps) if steps > 0 else None,
     }

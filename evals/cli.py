@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -167,8 +168,9 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
     cfg = _gate_config(args)
     _check_eval_servers(args)
     out_dir = Path(args.output_dir) if args.output_dir else _default_out("eval")
-    task = task_spec(args.data_dir, out_dir / "task") if args.data_dir else task_spec(None)
     with ExitStack() as stack:
+        # --data-dir: the task YAML is rendered into a temporary folder; its text goes into the JSON report
+        task = task_spec(args.data_dir, stack.enter_context(tempfile.TemporaryDirectory()) if args.data_dir else None)
         if args.launch:
             model = ["--model-path", args.model_path] if args.model_path else []
             specs = {

@@ -30,6 +30,7 @@ class TaskSpec:
     name: str
     include_path: str | None
     data_dir: str | None = None
+    yaml: str | None = None  # the rendered task file
 
 
 def stock_gsm8k_yaml() -> Path:
@@ -80,7 +81,7 @@ def render_local_task(data_dir: str | Path, out_dir: str | Path | None = None) -
     }.items():
         text = text.replace(placeholder, json.dumps(str(value)))
     (out / TEMPLATE.name).write_text(text)
-    return TaskSpec(name=LOCAL_TASK, include_path=str(out), data_dir=str(Path(data_dir).resolve()))
+    return TaskSpec(name=LOCAL_TASK, include_path=str(out), data_dir=str(Path(data_dir).resolve()), yaml=text)
 
 
 def task_spec(data_dir: str | Path | None, out_dir: str | Path | None = None) -> TaskSpec:

@@ -1,0 +1,176 @@
+"""``sglang-kimi eval gsm8k`` / ``bench``: help, and one clear error line with exit code 2 for each bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_kimi import cli
+from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
+from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.server import free_port
+
+from _fake_servers import serve, sglang_payloads
+
+DATA_DIR = "/work/shared/data/gsm8k"
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sglang-kimi: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["eval", "gsm8k"], ["bench"]])
+def test_help(command):
+    out = subprocess.run([sys.executable, "-m", "sglang_kimi.cli", *command, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"usage: sglang-kimi {' '.join(command)}" in out.stdout
+    for flag in (["--baseline", "--candidate", "--launch", "--num-fewshot", "--seeds", "--max-drop", "--require-identical",
+                  "--data-dir", "exit code 0 pass, 1 fail, 2 error"] if command[0] == "eval" else
+                 ["--base-url", "--baseline-url", "--concurrency", "--dataset", "--input-len", "--output-len", "--preset",
+                  "--warmup-requests", "10240"]):
+        assert flag in out.stdout
+
+
+# -- eval ------------------------------------------------------------------------------------------------
+
+
+def test_eval_unreachable_url(capsys):
+    port = free_port()
+    with serve(sglang_payloads()) as good:
+        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", f"http://127.0.0.1:{port}",
+                         "--data-dir", DATA_DIR, "--limit", "2")
+    assert code == 2
+    line = _one_error_line(err)
+    assert f"cannot reach http://127.0.0.1:{port}" in line and "is the server running" in line
+
+
+def test_eval_server_that_is_not_sglang(capsys):
+    with serve(None) as html, serve(sglang_payloads()) as good:
+        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", html, "--data-dir", DATA_DIR, "--limit", "2")
+    assert code == 2
+    line = _one_error_line(err)
+    assert f"{html} is not an SGLang server" in line and "HTTP 404" in line
+
+
+def test_eval_servers_of_different_models(capsys):
+    with serve(sglang_payloads()) as a, serve(sglang_payloads(architecture="LlamaForCausalLM", tokens=(9, 9))) as b:
+        code, err = _run(capsys, "eval", "gsm8k", "--baseline", a, "--candidate", b, "--data-dir", DATA_DIR, "--limit", "2")
+    assert code == 2
+    line = _one_error_line(err)
+    assert "serve different models" in line and "LlamaForCausalLM" in line and "tokenizer" in line
+
+
+def _checkpoint(root, layers: int):
+    root.mkdir()
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "text_config": {"vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": layers}}
+    (root / "config.json").write_text(json.dumps(config))
+    return str(root)
+
+
+def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_path):
+    six, four = _checkpoint(tmp_path / "six", 6), _checkpoint(tmp_path / "four", 4)
+    with serve(sglang_payloads(model_path=six)) as a, serve(sglang_payloads(model_path=four)) as b, \
+            serve(sglang_payloads(model_path=six)) as c:
+        with pytest.raises(EvalError, match="num_hidden_layers 6 vs 4"):
+            check_same_model(probe(a), probe(b))
+        check_same_model(probe(a), probe(c))  # the same checkpoint: no error
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--limit", "0"], "--limit 0: give at least 1 question"),
+        (["--seeds", "0"], "--seeds 0"),
+        (["--seeds", "a,b"], "--seeds a,b"),
+        (["--num-fewshot", "-1"], "--num-fewshot -1"),
+        (["--temperature", "-0.5"], "--temperature -0.5"),
+    ],
+)
+def test_eval_bad_numbers(capsys, extra, message):
+    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1", *extra)
+    assert code == 2
+    assert message in _one_error_line(err)
+
+
+def test_eval_data_dir_without_the_files(capsys, tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1",
+                     "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"))
+    assert code == 2
+    assert "has no test.jsonl" in _one_error_line(err)
+    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1",
+                     "--data-dir", str(tmp_path / "nowhere"))
+    assert code == 2
+    assert "is not a folder" in _one_error_line(err)
+
+
+def test_eval_needs_two_servers_or_launch(capsys):
+    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1")
+    assert code == 2 and "--candidate" in _one_error_line(err)
+    code, err = _run(capsys, "eval", "gsm8k", "--launch", "--baseline", "http://127.0.0.1:1")
+    assert code == 2 and "--launch starts both servers" in _one_error_line(err)
+    code, err = _run(capsys, "eval")
+    assert code == 2 and "eval gsm8k" in _one_error_line(err)
+
+
+# -- bench -----------------------------------------------------------------------------------------------
+
+
+def test_bench_unreachable_url(capsys, tmp_path):
+    port = free_port()
+    code, err = _run(capsys, "bench", "--base-url", f"127.0.0.1:{port}", "--output-dir", str(tmp_path))
+    assert code == 2
+    assert f"cannot reach http://127.0.0.1:{port}" in _one_error_line(err)
+
+
+def test_bench_server_that_is_not_sglang(capsys, tmp_path):
+    with serve(None) as html:
+        code, err = _run(capsys, "bench", "--base-url", html, "--output-dir", str(tmp_path))
+    assert code == 2
+    assert "is not an SGLang server" in _one_error_line(err)
+
+
+def test_bench_baseline_of_a_different_model(capsys, tmp_path):
+    with serve(sglang_payloads()) as a, serve(sglang_payloads(architecture="Qwen3ForCausalLM")) as b:
+        code, err = _run(capsys, "bench", "--base-url", a, "--baseline-url", b, "--output-dir", str(tmp_path))
+    assert code == 2
+    assert "serve different models" in _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--base-url", "http://127.0.0.1:1", "--concurrency", "0,8"], "--concurrency 0,8"),
+        (["--base-url", "http://127.0.0.1:1", "--concurrency", "one"], "--concurrency one"),
+        ([], "give --base-url"),
+        (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
+    ],
+)
+def test_bench_bad_flags(capsys, tmp_path, argv, message):
+    code, err = _run(capsys, "bench", *argv, "--output-dir", str(tmp_path))
+    assert code == 2
+    assert message in _one_error_line(err)
+
+
+def test_bench_output_len_and_context_checked_against_the_server(capsys, tmp_path):
+    with serve(sglang_payloads()) as a:
+        code, err = _run(capsys, "bench", "--base-url", a, "--dataset", "random", "--input-len", "5000", "--output-dir", str(tmp_path))
+        assert code == 2 and "exceed the model's context (4096 tokens)" in _one_error_line(err)
+        code, err = _run(capsys, "bench", "--base-url", a, "--output-len", "1", "--output-dir", str(tmp_path))
+        assert code == 2 and "--output-len 1" in _one_error_line(err)
+
+
+def test_normalize_url():
+    assert normalize_url("127.0.0.1:30000") == "http://127.0.0.1:30000"
+    assert normalize_url("http://h:1/v1/") == "http://h:1"
