@@ -13,7 +13,16 @@ from sglang_kimi.server import free_port
 
 from _fake_servers import serve, sglang_payloads
 
-DATA_DIR = "/work/shared/data/gsm8k"
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A minimal GSM8K-format folder: enough for the checks that run before any server is asked."""
+    root = tmp_path / "gsm8k"
+    root.mkdir()
+    for split in ("train", "test"):
+        (root / f"{split}.jsonl").write_text('{"question": "2 + 2?", "answer": "2 + 2 = 4\\n#### 4"}\n')
+    return str(root)
 
 
 def _run(capsys, *argv: str) -> tuple[int, str]:
@@ -44,27 +53,27 @@ def test_help(command):
 # -- eval ------------------------------------------------------------------------------------------------
 
 
-def test_eval_unreachable_url(capsys):
+def test_eval_unreachable_url(capsys, data_dir):
     port = free_port()
     with serve(sglang_payloads()) as good:
         code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", f"http://127.0.0.1:{port}",
-                         "--data-dir", DATA_DIR, "--limit", "2")
+                         "--data-dir", data_dir, "--limit", "2")
     assert code == 2
     line = _one_error_line(err)
     assert f"cannot reach http://127.0.0.1:{port}" in line and "is the server running" in line
 
 
-def test_eval_server_that_is_not_sglang(capsys):
+def test_eval_server_that_is_not_sglang(capsys, data_dir):
     with serve(None) as html, serve(sglang_payloads()) as good:
-        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", html, "--data-dir", DATA_DIR, "--limit", "2")
+        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", html, "--data-dir", data_dir, "--limit", "2")
     assert code == 2
     line = _one_error_line(err)
     assert f"{html} is not an SGLang server" in line and "HTTP 404" in line
 
 
-def test_eval_servers_of_different_models(capsys):
+def test_eval_servers_of_different_models(capsys, data_dir):
     with serve(sglang_payloads()) as a, serve(sglang_payloads(architecture="LlamaForCausalLM", tokens=(9, 9))) as b:
-        code, err = _run(capsys, "eval", "gsm8k", "--baseline", a, "--candidate", b, "--data-dir", DATA_DIR, "--limit", "2")
+        code, err = _run(capsys, "eval", "gsm8k", "--baseline", a, "--candidate", b, "--data-dir", data_dir, "--limit", "2")
     assert code == 2
     line = _one_error_line(err)
     assert "serve different models" in line and "LlamaForCausalLM" in line and "tokenizer" in line

@@ -10,23 +10,31 @@ from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.gsm8k import GateConfig, GateResult, Run, judge, parse_samples, parse_seeds
 from sglang_kimi.evals.tasks import LOCAL_TASK, check_data_dir, render_local_task, stock_gsm8k_yaml
 
-DATA_DIR = Path("/work/shared/data/gsm8k")
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    root = tmp_path / "gsm8k"
+    root.mkdir()
+    for split in ("train", "test"):
+        (root / f"{split}.jsonl").write_text('{"question": "2 + 2?", "answer": "2 + 2 = 4\\n#### 4"}\n')
+    return root
 DATASET_KEYS = {"task", "dataset_path", "dataset_name", "dataset_kwargs"}
 
 
 # -- task ------------------------------------------------------------------------------------------------
 
 
-def test_local_task_is_the_stock_task_but_for_its_data(tmp_path):
+def test_local_task_is_the_stock_task_but_for_its_data(tmp_path, data_dir):
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    spec = render_local_task(DATA_DIR, tmp_path)
-    assert spec.name == LOCAL_TASK and spec.include_path == str(tmp_path)
-    local = load_yaml(tmp_path / "gsm8k_local.yaml", resolve_func=False)
+    spec = render_local_task(data_dir, tmp_path / "task")
+    assert spec.name == LOCAL_TASK and spec.include_path == str(tmp_path / "task")
+    local = load_yaml(tmp_path / "task" / "gsm8k_local.yaml", resolve_func=False)
     stock = load_yaml(stock_gsm8k_yaml(), resolve_func=False)
     assert {k: v for k, v in local.items() if k not in DATASET_KEYS} == {k: v for k, v in stock.items() if k not in DATASET_KEYS}
     assert local["dataset_path"] == "json" and local["dataset_name"] is None
-    assert local["dataset_kwargs"]["data_files"] == {"train": str(DATA_DIR / "train.jsonl"), "test": str(DATA_DIR / "test.jsonl")}
+    assert local["dataset_kwargs"]["data_files"] == {"train": str(data_dir / "train.jsonl"), "test": str(data_dir / "test.jsonl")}
     assert stock["num_fewshot"] == 5 and "flexible-extract" in json.dumps(local["filter_list"])
 
 

@@ -1,0 +1,70 @@
+"""``sglang-kimi bench`` end to end against the tiny model in real SGLang on CPU (SGLang's own benchmark code)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_kimi import cli
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_latency(stats: dict, name: str) -> None:
+    assert set(stats) == {"mean", "p50", "p95", "p99"}, name
+    assert 0 < stats["p50"] <= stats["p95"] <= stats["p99"], (name, stats)
+    assert stats["mean"] > 0, (name, stats)
+
+
+def _check_level(level: dict, concurrency: int, prompts: int, output_len: int) -> None:
+    assert level["concurrency"] == concurrency
+    assert level["completed"] == level["requests"] == prompts and level["failed"] == 0
+    assert level["output_tokens"] == prompts * output_len  # EOS ignored: fixed output length
+    assert level["output_throughput"] > 0 and level["duration_s"] > 0
+    # units: the level lasted at least as long as its slowest request (e2e in ms, throughput in tok/s)
+    assert level["duration_s"] * 1000.0 >= level["e2e_ms"]["p99"]
+    assert level["output_throughput"] == pytest.approx(level["output_tokens"] / level["duration_s"])
+    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        _check_latency(level[metric], metric)
+    assert level["e2e_ms"]["p99"] >= level["ttft_ms"]["p50"]
+    assert level["tau"] is None and level["acceptance"] is None  # no speculative decoding on this server
+
+
+def test_bench_sweep_side_by_side_with_plots(tiny_server, tmp_path, capsys):
+    url = tiny_server.base_url
+    code = cli.main(["bench", "--base-url", url, "--baseline-url", url, "--concurrency", "1,2", "--num-prompts", "3",
+                     "--output-len", "8", "--data-dir", str(DATA_DIR), "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["config"]["cpu"] is True and data["config"]["dataset"] == "gsm8k"
+    assert data["server"]["device"] == "cpu" and data["server"]["speculative"] == "none"
+    for levels in (data["levels"], data["baseline"]["levels"]):
+        assert [lv["concurrency"] for lv in levels] == [1, 2]
+        for level in levels:
+            _check_level(level, level["concurrency"], prompts=3, output_len=8)
+    assert [s["concurrency"] for s in data["speedup"]] == [1, 2]
+    assert all(s["throughput_speedup"] > 0 and s["tpot_speedup"] > 0 for s in data["speedup"])
+    for name in ("throughput.png", "tpot.png", "acceptance.png"):
+        path = tmp_path / name
+        assert path.read_bytes()[:8] == PNG and path.stat().st_size > 5000, name
+    # SGLang's own result lines, one per level and server
+    raw = (tmp_path / "sglang_bench_serving_server.jsonl").read_text().splitlines()
+    assert len(raw) == 2 and json.loads(raw[0])["completed"] == 3
+    assert "Serving Benchmark Result" in out  # SGLang's printed table
+    assert "speedup" in out and "acceptance by position: n/a" in out
+
+
+def test_bench_random_prompts_of_fixed_length(tiny_server, tmp_path, capsys):
+    code = cli.main(["bench", "--base-url", tiny_server.base_url, "--dataset", "random", "--input-len", "24",
+                     "--output-len", "6", "--concurrency", "2", "--num-prompts", "2", "--warmup-requests", "0",
+                     "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    (level,) = json.loads((tmp_path / "bench.json").read_text())["levels"]
+    _check_level(level, 2, prompts=2, output_len=6)
+    assert level["input_tokens"] == 2 * 24

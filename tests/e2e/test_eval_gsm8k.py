@@ -1,0 +1,136 @@
+"""``sglang-kimi eval gsm8k`` end to end: lm-eval's GSM8K task against real SGLang servers on CPU.
+
+The gate passes for an equivalent candidate, fails (exit 1) against a corrupted copy of the tiny model and
+refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 32 tokens.
+"""
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sglang_kimi import cli
+from sglang_kimi.server import TINY_MODEL, free_port, start_server
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+LIMIT, SEEDS = 8, 2
+SMALL_RUN = ["--data-dir", str(DATA_DIR), "--limit", str(LIMIT), "--seeds", str(SEEDS), "--num-fewshot", "1",
+             "--max-gen-toks", "32", "--num-concurrent", "4"]
+LM_HEAD = "language_model.lm_head.weight"
+
+
+def corrupted_copy(dst: Path) -> Path:
+    """The tiny model with its output projection's rows shifted by one token.
+
+    logits'[i] = w[i - 1] . h, so every greedy argmax moves to the next token id: every answer changes, while the
+    architecture, tokenizer and config stay those of the tiny model (the gate must judge it, not refuse it).
+    """
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TINY_MODEL, dst)
+    tensors = load_file(dst / "model.safetensors")
+    tensors[LM_HEAD] = tensors[LM_HEAD].roll(1, dims=0).contiguous()
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def shallower_copy(dst: Path, layers: int = 4) -> Path:
+    """A different checkpoint of the same architecture: the tiny model's first ``layers`` decoder layers."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TINY_MODEL, dst)
+    tensors = load_file(dst / "model.safetensors")
+    dropped = tuple(f"language_model.model.layers.{i}." for i in range(layers, 64))
+    save_file({k: v for k, v in tensors.items() if not k.startswith(dropped)}, dst / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((dst / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = layers
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def variant_servers(tmp_path_factory):
+    """``{"corrupted": server, "shallower": server}``, started concurrently."""
+    root = tmp_path_factory.mktemp("variants")
+    paths = {"corrupted": corrupted_copy(root / "corrupted"), "shallower": shallower_copy(root / "shallower")}
+
+    def start(name):
+        return start_server(["--model-path", str(paths[name])], port=free_port(), log_path=root / f"{name}.log", timeout=900)
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(start, name) for name in paths}
+    servers = {}
+    try:
+        for name, future in futures.items():
+            servers[name] = future.result()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+        for future in futures.values():  # one that failed to start left nothing running (start_server stops it)
+            future.exception()
+
+
+def _report(out_dir: Path) -> tuple[dict, str]:
+    return json.loads((out_dir / "gsm8k_gate.json").read_text()), (out_dir / "gsm8k_gate.md").read_text()
+
+
+def test_gate_passes_for_an_equivalent_candidate_launched_by_the_command(tmp_path, capsys):
+    """--launch: the same tiny model twice, the candidate with another scheduling policy (same computation)."""
+    code = cli.main(["eval", "gsm8k", "--launch", "--candidate-args", "--schedule-policy lpm", *SMALL_RUN,
+                     "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    data, md = _report(tmp_path)
+    assert code == 0, out[-3000:]
+    compared = LIMIT * SEEDS
+    assert f"IDENTICAL GENERATIONS: {compared}/{compared} (0 differ)" in out and "VERDICT: PASS" in out
+    assert data["verdict"] == "PASS" and data["differing_generations"] == 0 and data["compared_generations"] == compared
+    assert "--schedule-policy lpm" in data["candidate"]["launch_command"]
+    assert "--schedule-policy" not in data["baseline"]["launch_command"]
+    assert data["task"]["name"] == "gsm8k_local" and data["config"]["identical_required"] is True
+    for name in ("flexible-extract", "strict-match"):
+        comp = data["comparisons"][name]
+        assert comp["questions"] == LIMIT and comp["seeds"] == SEEDS and comp["delta"] == 0
+        assert comp["baseline_per_seed"] == comp["candidate_per_seed"] and len(comp["baseline_per_seed"]) == SEEDS
+    runs = data["runs"]
+    assert sorted((r["role"], r["seed"]) for r in runs) == sorted(
+        (role, seed) for role in ("baseline", "candidate") for seed in (1234, 1235))
+    assert all(len(r["answers"]) == LIMIT for r in runs)
+    assert any(a["generation"].strip() for r in runs for a in r["answers"]), "the servers generated nothing"
+    # the seeds changed the few-shot examples: different prompts for the same question
+    hashes = {r["seed"]: {a["doc_id"]: a["prompt_hash"] for a in r["answers"]} for r in runs if r["role"] == "baseline"}
+    assert hashes[1234] != hashes[1235]
+    assert md.startswith("# GSM8K gate: PASS") and f"**IDENTICAL GENERATIONS: {compared}/{compared}" in md
+
+
+def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, tmp_path, capsys):
+    candidate = variant_servers["corrupted"]
+    code = cli.main(["eval", "gsm8k", "--baseline", tiny_server.base_url, "--candidate", candidate.base_url,
+                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    data, md = _report(tmp_path)
+    assert code == 1, out[-3000:]
+    assert data["verdict"] == "FAIL" and data["exit_code"] == 1
+    assert data["differing_generations"] == LIMIT * SEEDS  # every greedy token moved
+    assert data["checks"]["identical_generations"] == {
+        "passed": False, "required": True, "detail": f"{LIMIT * SEEDS} of {LIMIT * SEEDS} generations differ"}
+    assert f"DIFFERING GENERATIONS: {LIMIT * SEEDS} of {LIMIT * SEEDS} differ" in out and "VERDICT: FAIL" in out
+    assert md.startswith("# GSM8K gate: FAIL") and "## Differing generations" in md
+    first = data["differences"][0]
+    assert first["baseline"] != first["candidate"]
+
+
+def test_gate_refuses_two_different_checkpoints(tiny_server, variant_servers, tmp_path, capsys):
+    code = cli.main(["eval", "gsm8k", "--baseline", tiny_server.base_url, "--candidate", variant_servers["shallower"].base_url,
+                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ")
+    assert "serve different models" in err[0] and "num_hidden_layers 6 vs 4" in err[0]
+    assert not (tmp_path / "gsm8k_gate.json").exists()
