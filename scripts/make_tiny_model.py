@@ -236,7 +236,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int, floor: float = 0.1) -
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model: tiny.TinyKimiLM, batches, args) -> list[float]:
+def train(model: tiny.TinyKimiLM, batches, args, evaluate=None) -> list[float]:
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "embed_tokens" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1 or "embed_tokens" in n]
     opt = torch.optim.AdamW(
@@ -264,6 +264,11 @@ def train(model: tiny.TinyKimiLM, batches, args) -> list[float]:
                 moe.e_score_correction_bias += args.bias_update * torch.sign(load.mean() - load)
         losses.append(loss.item())
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if evaluate is not None and args.eval_every and (step + 1) % args.eval_every == 0:
+            model.eval()
+            bar.write(f"step {step + 1}: train loss {sum(losses[-20:]) / len(losses[-20:]):.3f}, "
+                      f"held-out answer NLL {evaluate(model):.3f}")
+            model.train()
     return losses
 
 
@@ -361,11 +366,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed for data order, init and vision weights")
     ap.add_argument("--batch-size", type=int, default=2, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=1536, help="tokens per sequence (5-shot GSM8K prompts ~1.1k)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine decay to 10%%)")
+    ap.add_argument("--lr", type=float, default=1.5e-3, help="peak AdamW learning rate (cosine decay to 10%%)")
     ap.add_argument("--warmup", type=int, default=30, help="linear warmup steps")
     ap.add_argument("--bias-update", type=float, default=1e-3, help="routing-bias step (aux-loss-free balancing)")
-    ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 4), help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 4),
+                    help="torch CPU threads (use 1 on a machine busy with other work: oversubscription is slow)")
     ap.add_argument("--samples", type=int, default=3, help="greedy GSM8K test continuations to print")
+    ap.add_argument("--eval-every", type=int, default=100, help="print held-out answer NLL every N steps (0: off)")
     args = ap.parse_args(argv)
 
     t_start = time.time()
@@ -386,13 +393,17 @@ def main(argv: list[str] | None = None) -> None:
 
     batches = window_batches(document_stream(fast, train_rows, rng), args.batch_size, args.seq_len)
     t_train = time.time()
-    losses = train(model, batches, args)
+    losses = train(model, batches, args, evaluate=lambda m: answer_nll(m, fast, test_rows[:10]))
     train_s = time.time() - t_train
     final_loss = sum(losses[-20:]) / len(losses[-20:])
 
+    # write next to the destination, then swap, so readers never see a half-written asset
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, fast, tmp, args.seed)
     if args.out.exists():
         shutil.rmtree(args.out)
-    save_model(model, fast, args.out, args.seed)
+    tmp.rename(args.out)
 
     # Everything below runs on the saved asset (bf16 weights upcast to fp32), as served.
     saved = tiny.TinyKimiLM.from_pretrained(args.out)
