@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         "assets and the kernel overrides that would be active. Exits 1 when it finds a problem.",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--model-path",
+        default=None,
+        help="a local Kimi checkpoint folder: also report the vision tower and projector bytes that text-only "
+        "serving (--language-model-only) does not load (read from the safetensors headers)",
+    )
 
     tune = sub.add_parser("tune", help="generate kernel tuning tables on a GPU")
     tune_sub = tune.add_subparsers(dest="tune_target", metavar="TARGET", required=True)

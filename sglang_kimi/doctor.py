@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from sglang_kimi import SUPPORTED_SGLANG, __version__
@@ -56,7 +57,67 @@ def probe_registration(cpu: bool) -> tuple[dict | None, str]:
     return None, (result.stderr or result.stdout)[-2000:]
 
 
-def collect() -> dict:
+# ---------------------------------------------------------------------------------------------------------------
+# What text-only serving (--language-model-only) saves: read from the safetensors headers, no weight is loaded.
+
+VISION_PREFIXES = ("vision_tower.", "mm_projector.")
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a .safetensors file (8-byte little-endian length, then the header): names, dtypes,
+    shapes and byte offsets of every tensor, without reading any tensor data."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def checkpoint_tensor_bytes(model_path: str | Path) -> dict[str, int]:
+    """Bytes of every tensor of a local checkpoint (single file or sharded with model.safetensors.index.json)."""
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{model_path} is not a local checkpoint folder: pass --model-path with one")
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
+    files = [path / f for f in files] if files else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path} has no *.safetensors files")
+    sizes: dict[str, int] = {}
+    for file in files:
+        for name, info in safetensors_header(file).items():
+            start, end = info["data_offsets"]
+            sizes[name] = end - start
+    return sizes
+
+
+def text_only_savings(model_path: str | Path) -> dict:
+    """What ``--language-model-only`` leaves out of memory for a Kimi-K2.5/K2.6 checkpoint: the MoonViT tower and
+    the projector (``vision_tower.*``, ``mm_projector.*``), from the checkpoint's headers."""
+    sizes = checkpoint_tensor_bytes(model_path)
+    tower = {n: b for n, b in sizes.items() if n.startswith(VISION_PREFIXES[0])}
+    projector = {n: b for n, b in sizes.items() if n.startswith(VISION_PREFIXES[1])}
+    total = sum(sizes.values())
+    skipped = sum(tower.values()) + sum(projector.values())
+    return {
+        "model_path": str(model_path),
+        "checkpoint_bytes": total,
+        "vision_tower_bytes": sum(tower.values()),
+        "vision_tower_tensors": len(tower),
+        "mm_projector_bytes": sum(projector.values()),
+        "mm_projector_tensors": len(projector),
+        "skipped_bytes": skipped,
+        "skipped_fraction": skipped / total if total else 0.0,
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def collect(model_path: str | None = None) -> dict:
     from sglang_kimi.plugin import REGISTRATIONS, version_in_range
 
     problems: list[str] = []
@@ -90,6 +151,11 @@ def collect() -> dict:
     report["tiny_model"] = str(TINY_MODEL) if (TINY_MODEL / "config.json").exists() else None
     if report["tiny_model"] is None:
         problems.append(f"the embedded tiny model is missing at {TINY_MODEL}: reinstall sglang-kimi")
+    if model_path is not None:
+        try:
+            report["text_only"] = text_only_savings(model_path)
+        except (OSError, ValueError, KeyError) as exc:
+            problems.append(f"cannot read the checkpoint's safetensors headers: {exc}")
     report["problems"] = problems
     return report
 
@@ -115,6 +181,13 @@ def print_report(report: dict) -> None:
         state = "active" if row.get("active") else "inactive"
         print(f"  {row['kind']:<11} {state:<8} {what}{value}: {row.get('why', '')}")
     print(f"tiny model: {report['tiny_model'] or 'missing'}")
+    saved = report.get("text_only")
+    if saved:
+        print(f"text-only serving (--language-model-only) of {saved['model_path']}:")
+        print(f"  vision tower  {_mib(saved['vision_tower_bytes']):>12}  ({saved['vision_tower_tensors']} tensors)")
+        print(f"  mm projector  {_mib(saved['mm_projector_bytes']):>12}  ({saved['mm_projector_tensors']} tensors)")
+        print(f"  not loaded    {_mib(saved['skipped_bytes']):>12}  = {100 * saved['skipped_fraction']:.2f}% of the "
+              f"{_mib(saved['checkpoint_bytes'])} checkpoint")
     if report["problems"]:
         print("problems:")
         for problem in report["problems"]:
@@ -124,7 +197,7 @@ def print_report(report: dict) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    report = collect()
+    report = collect(getattr(args, "model_path", None))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -66,6 +66,17 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "(SGLang 0.5.23 always builds and loads the tower)",
     ),
     Entry(
+        "kimi-quant-dequant-fallback",
+        "sglang.srt.layers.quantization.QUANTIZATION_METHODS['compressed-tensors', 'quark'] "
+        "(and CPU_QUANTIZATION_METHODS)",
+        "sglang_kimi.models.quant.fallback:install_dequant_fallbacks",
+        "Kimi-K2.6 INT4 (compressed-tensors) and MXFP4 (Quark) checkpoints load where SGLang has no kernel for them "
+        "(CPU; CUDA < sm80 for INT4; everything but ROCm gfx95x + AITER for MXFP4): those layers are dequantized "
+        "at load time to the model dtype and run SGLang's unquantized layers. Where SGLang has the kernel (Marlin / "
+        "Triton WNA16, AITER MXFP4) its own method is kept. Existing keys are overridden because ROCm's "
+        "_verify_quantization refuses new names",
+    ),
+    Entry(
         "plugin-flags",
         "sglang.srt.server_args.ServerArgs.add_cli_args",
         "sglang_kimi.algorithms:install_flag_help",
