@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,15 @@ class PluginArgs:
 
 def plugin_args(server_args) -> PluginArgs:
     return getattr(server_args, "_sglang_kimi", None) or PluginArgs()
+
+
+# Debugging only: makes every plugin verification greedy, even for sampled requests (NOT lossless). It exists so
+# that tests and the GSM8K gate can show they fail on a broken verifier; a warning is logged at start-up.
+DEBUG_GREEDY_VERIFY_ENV = "SGLANG_KIMI_DEBUG_GREEDY_VERIFY"
+
+
+def debug_greedy_verify() -> bool:
+    return os.environ.get(DEBUG_GREEDY_VERIFY_ENV, "0") == "1"
 
 
 class SpeculativeConfigError(ValueError):
@@ -161,6 +171,11 @@ def _resolve_speculative(original, server_args):
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
         _check_tree_backend(cfg)
+    if algorithm is not None and debug_greedy_verify():
+        logger.warning(
+            "sglang-kimi: %s=1: sampled requests are verified GREEDILY (debugging only; output is not lossless)",
+            DEBUG_GREEDY_VERIFY_ENV,
+        )
     drafter = None
     if algorithm in ("DFLASH", "EAGLE3"):
         _check_draft_path(cfg.speculative_draft_model_path, algorithm)

@@ -28,6 +28,8 @@ from sglang_kimi import SUPPORTED_SGLANG
 SHIMS_DIR = Path(__file__).parent / "cpu" / "shims"
 ASSETS_DIR = Path(__file__).parent / "assets"
 TINY_MODEL = ASSETS_DIR / "tiny-kimi-k2.6"
+TINY_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"  # DFlash drafter (z-lab format) for the tiny model
+TINY_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"  # EAGLE3 drafter (SpecForge format) for the tiny model
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 
