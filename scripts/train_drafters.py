@@ -1,0 +1,470 @@
+#!/usr/bin/env python
+"""Train the DFlash and EAGLE3 drafters of the embedded tiny Kimi-K2.6, on CPU, seeded, in the published formats.
+
+    python scripts/train_drafters.py                          # both, writes sglang_kimi/assets/tiny-kimi-k2.6-{dflash,eagle3}/
+    python scripts/train_drafters.py --prompts 64 --minutes 1 --out-dir /tmp/drafters   # smoke run
+
+Steps:
+1. regenerate (SpecForge-style): the tiny target decodes ``"Question: {q}\\nAnswer:"`` for GSM8K *train*
+   questions greedily, ``--new-tokens`` tokens each (EOS is kept like any token, as the benchmark decodes a fixed
+   length); batched with a KV cache (``_drafter_common.generate_greedy``).
+2. teacher features: one causal pass of the target over every regenerated sequence keeps the outputs of layers
+   1..5 (bf16): DFlash reads layers ``--dflash-layers``, EAGLE3 its aux layers, the last one gives the target's
+   logits (EAGLE3's soft labels).
+3. DFlash (z-lab / SpecForge recipe): random anchors a in the generated part; block = [t_a, mask x (B-1)] at
+   positions a..a+B-1; context = projected target features of positions < a only; bidirectional in the block;
+   position k predicts t_{a+k}; cross-entropy with weights exp(-(k-1)/gamma); the target's embedding and LM head
+   are frozen and not saved.
+4. EAGLE3 (SpecForge recipe): draft vocabulary = the ``--draft-vocab`` most frequent generated tokens (d2t/t2d);
+   rows (h_i, t_{i+1}) at position i; a training-time-test unroll of ``--ttt`` steps where step j feeds each row its
+   own previous output and the token j further, at position i+j, attending to the causal step-0 rows and to its
+   own earlier steps; loss = soft cross-entropy against the target's distribution restricted to the draft vocab
+   (rows whose target argmax is outside it are skipped), weighted 0.8^j.
+5. save (bf16, the published layouts), load back with SGLang's own config reader and model classes
+   (``_drafter_sglang_check.py``), and measure tau on a few GSM8K *test* prompts in the reference loop.
+
+Each drafter trains for ``--minutes`` of wall time (the step count is set from the measured step time, so the
+cosine schedule completes). A JSON report goes to ``bench/results/bench_tau_training.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _drafter_common as common
+from sglang_kimi.speculators import dflash, eagle3
+from sglang_kimi.speculators.reference import ChainProposer, EagleProposer, generate
+
+from sglang_kimi.models import tiny
+
+REPO = common.REPO
+ASSETS = REPO / "sglang_kimi" / "assets"
+FEATURE_LAYERS = (1, 2, 3, 4, 5)  # stored layer outputs; 5 (the last) only feeds the teacher logits
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def regenerate(model, tokenizer, num_prompts: int, new_tokens: int, batch: int, seed: int) -> list[dict]:
+    """[{"ids": prompt + continuation (list[int]), "prompt_len": int}] for num_prompts shuffled train questions."""
+    prompts = common.gsm8k_prompts("train", None, tokenizer)
+    random.Random(seed).shuffle(prompts)
+    prompts = sorted(prompts[:num_prompts], key=len)  # similar lengths per batch: little padding
+    out = []
+    start = time.time()
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        for p, g in zip(chunk, common.generate_greedy(model, chunk, new_tokens)):
+            out.append({"ids": list(p) + g, "prompt_len": len(p)})
+        done = min(i + batch, len(prompts))
+        print(f"  regenerated {done}/{len(prompts)} ({time.time() - start:.0f} s)", flush=True)
+    return out
+
+
+@torch.no_grad()
+def extract_features(model, seqs: list[dict], batch: int) -> None:
+    """Adds "feats" [T, len(FEATURE_LAYERS), H] bf16 (layer outputs) to every sequence (right padding)."""
+    start = time.time()
+    for i in range(0, len(seqs), batch):
+        chunk = seqs[i : i + batch]
+        longest = max(len(s["ids"]) for s in chunk)
+        ids = torch.tensor([s["ids"] + [tiny.PAD_ID] * (longest - len(s["ids"])) for s in chunk])
+        positions = torch.arange(longest).expand(len(chunk), -1)
+        mask = torch.ones(longest, longest, dtype=torch.bool).tril()[None].expand(len(chunk), -1, -1)
+        _, hidden, _ = common.masked_forward(model, ids, positions, mask)
+        feats = torch.stack([hidden[layer + 1] for layer in FEATURE_LAYERS], dim=2).to(torch.bfloat16)
+        for j, s in enumerate(chunk):
+            s["feats"] = feats[j, : len(s["ids"])].clone()
+    print(f"  features of {len(seqs)} sequences ({time.time() - start:.0f} s)", flush=True)
+
+
+def layer_slots(layer_ids) -> list[int]:
+    return [FEATURE_LAYERS.index(layer) for layer in layer_ids]
+
+
+def pad_batch(seqs: list[dict], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [S, T] PAD-padded, features [S, T, len(slots) * H] float32, lengths [S])."""
+    longest = max(len(s["ids"]) for s in seqs)
+    ids = torch.full((len(seqs), longest), tiny.PAD_ID, dtype=torch.long)
+    h = seqs[0]["feats"].shape[-1]
+    feats = torch.zeros(len(seqs), longest, len(slots) * h)
+    for j, s in enumerate(seqs):
+        n = len(s["ids"])
+        ids[j, :n] = torch.tensor(s["ids"])
+        feats[j, :n] = s["feats"][:, slots].float().reshape(n, -1)
+    return ids, feats, torch.tensor([len(s["ids"]) for s in seqs])
+
+
+class Schedule:
+    """Linear warmup then cosine decay to 10 % over the planned steps."""
+
+    def __init__(self, opt, lr: float, warmup: int) -> None:
+        self.opt, self.lr, self.warmup, self.total = opt, lr, warmup, None
+
+    def set(self, step: int) -> None:
+        if step < self.warmup or self.total is None:
+            f = min(1.0, (step + 1) / self.warmup)
+        else:
+            t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+            f = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr * f
+
+
+def train_loop(name: str, step_fn, params, minutes: float, lr: float, seed: int, log_every: int = 50) -> dict:
+    """Runs step_fn(step) -> (loss, metrics) for ``minutes``: the step count is fixed after 30 timed steps."""
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    sched = Schedule(opt, lr, warmup=60)
+    budget = minutes * 60
+    start = time.time()
+    step, history, window = 0, [], []
+    while sched.total is None or step < sched.total:
+        sched.set(step)
+        loss, metrics = step_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        window.append({"loss": float(loss), **metrics})
+        step += 1
+        if step == 30 and sched.total is None:
+            per_step = (time.time() - start) / 30
+            sched.total = max(60, int(budget / per_step))
+            print(f"  {name}: {per_step:.2f} s/step -> {sched.total} steps", flush=True)
+        if step % log_every == 0 or step == sched.total:
+            avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+            avg.update(step=step, seconds=round(time.time() - start, 1))
+            history.append(avg)
+            window = []
+            print(
+                f"  {name} step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in avg.items() if k != "step"), flush=True
+            )
+    return {"steps": step, "seconds": round(time.time() - start, 1), "final": history[-1], "history": history}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DFlash
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def dflash_config(args) -> dflash.DFlashConfig:
+    t = tiny.TEXT_CONFIG
+    return dflash.DFlashConfig.from_dict(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": t["hidden_size"],
+            "num_hidden_layers": args.dflash_num_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "intermediate_size": args.dflash_intermediate,
+            "vocab_size": t["vocab_size"],
+            "rms_norm_eps": 1e-6,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "num_target_layers": t["num_hidden_layers"],
+            "block_size": args.block_size,
+            "max_position_embeddings": t["max_position_embeddings"],
+            "rope_theta": t["rope_theta"],
+            # the target's YaRN block with Kimi's key set, as in z-lab/Kimi-K2.5-DFlash (attention factor 1.0)
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": t["rope_scaling"]["factor"],
+                "original_max_position_embeddings": t["rope_scaling"]["original_max_position_embeddings"],
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+            "dflash_config": {"target_layer_ids": list(args.dflash_layers), "mask_token_id": tiny.MASK_TOKEN_ID},
+        }
+    )
+
+
+def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, dict]:
+    cfg = dflash_config(args)
+    torch.manual_seed(args.seed)
+    model = dflash.DFlashDrafter(cfg)
+    model.attach_target(target.embed_tokens.weight, target.lm_head.weight)
+    slots = layer_slots(cfg.target_layer_ids)
+    block = cfg.block_size
+    decay = torch.exp(-(torch.arange(1, block) - 1) / args.gamma)  # [B-1]
+    rng = random.Random(args.seed)
+    anchors_per_seq = args.anchors
+
+    def step_fn(step: int):
+        batch = rng.sample(seqs, args.batch)
+        ids, feats, lengths = pad_batch(batch, slots)
+        s, t = ids.shape
+        anchors = torch.zeros(s, anchors_per_seq, dtype=torch.long)
+        anchor_ok = torch.zeros(s, anchors_per_seq, dtype=torch.bool)
+        for j, seq in enumerate(batch):
+            lo, hi = seq["prompt_len"], len(seq["ids"]) - 2  # root in the generated part, >= 1 label
+            choices = rng.sample(range(lo, hi + 1), min(anchors_per_seq, hi - lo + 1))
+            anchors[j, : len(choices)] = torch.tensor(choices)
+            anchor_ok[j, : len(choices)] = True
+        offs = torch.arange(block)
+        pos = anchors[:, :, None] + offs  # [S, n, B]
+        label_pos = pos[:, :, 1:]
+        label_ok = anchor_ok[:, :, None] & (label_pos < lengths[:, None, None])
+        labels = ids.gather(1, label_pos.clamp(max=t - 1).flatten(1)).view_as(label_pos)
+        block_ids = torch.full_like(pos, tiny.MASK_TOKEN_ID)
+        block_ids[:, :, 0] = ids.gather(1, anchors)
+        n = anchors_per_seq * block
+        # mask [S, n*B, T + n*B]: context keys before the anchor, then the own block
+        ctx_vis = torch.arange(t)[None, None, :] < anchors[:, :, None]  # [S, n, T]
+        ctx_vis = ctx_vis[:, :, None, :].expand(s, anchors_per_seq, block, t).reshape(s, n, t)
+        blk = torch.arange(n) // block
+        own = (blk[:, None] == blk[None, :])[None].expand(s, n, n)
+        mask = torch.cat([ctx_vis, own], dim=2)
+        ctx = model.project_context(feats)
+        hidden = model(model.embed(block_ids.flatten(1)), ctx, pos.flatten(1), torch.arange(t).expand(s, t), mask)
+        hidden = hidden.view(s, anchors_per_seq, block, -1)[:, :, 1:]
+        logits = model.logits(hidden)  # [S, n, B-1, V]
+        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+        w = decay[None, None, :] * label_ok
+        loss = (ce * w).sum() / w.sum()
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == labels) & label_ok
+            run = torch.cumprod(correct.float(), dim=2).sum(2)  # accepted drafts per anchor (chain, greedy)
+            metrics = {"acc1": float(correct[:, :, 0].sum() / label_ok[:, :, 0].sum()),
+                       "tau_est": float(1 + run[anchor_ok].mean())}  # fmt: skip
+        return loss, metrics
+
+    report = train_loop("dflash", step_fn, list(model.parameters()), args.minutes, args.dflash_lr, args.seed)
+    return model.eval(), report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EAGLE3
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def eagle3_config(args, aux_ids) -> eagle3.Eagle3Config:
+    t = tiny.TEXT_CONFIG
+    return eagle3.Eagle3Config.from_dict(
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "hidden_size": t["hidden_size"],
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+            "intermediate_size": args.eagle_intermediate,
+            "vocab_size": t["vocab_size"],
+            "draft_vocab_size": args.draft_vocab,
+            "rms_norm_eps": 1e-6,
+            "hidden_act": "silu",
+            "max_position_embeddings": t["max_position_embeddings"],
+            "rope_theta": 1000000.0,  # like lightseekorg/kimi-k2.5-eagle3 (no scaling)
+            "rope_scaling": None,
+            "tie_word_embeddings": False,
+            "bos_token_id": tiny.BOS_ID,
+            "eos_token_id": tiny.EOS_ID,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_ids), "use_aux_hidden_state": True},
+        }
+    )
+
+
+def train_eagle3(args, target, seqs: list[dict]) -> tuple[eagle3.Eagle3Drafter, dict]:
+    cfg = eagle3_config(args, args.eagle_layers)
+    layers = cfg.resolve_target_layer_ids(target.config["num_hidden_layers"])
+    slots, last = layer_slots(layers), FEATURE_LAYERS.index(target.config["num_hidden_layers"] - 1)
+    torch.manual_seed(args.seed)
+    model = eagle3.Eagle3Drafter(cfg)
+    model.attach_target(target.embed_tokens.weight)
+    counts = torch.zeros(cfg.vocab_size, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(torch.tensor(s["ids"][s["prompt_len"] :]), minlength=cfg.vocab_size)
+    vocab = eagle3.build_vocab_map(counts, cfg.draft_vocab_size)
+    model.set_vocab_map(vocab)
+    coverage = float(counts[vocab].sum() / counts.sum())
+    print(f"  eagle3: draft vocab {cfg.draft_vocab_size} covers {coverage:.4f} of generated tokens", flush=True)
+    head_w = target.lm_head.weight.detach()[vocab]  # [Vd, H]: the target's logits on the draft vocab
+    t2d = model.t2d
+    rng = random.Random(args.seed + 1)
+    ttt = args.ttt
+
+    def step_fn(step: int):
+        batch = rng.sample(seqs, args.batch)
+        ids, feats, lengths = pad_batch(batch, slots)
+        _, final, _ = pad_batch(batch, [last])
+        s, t = ids.shape
+        prompt_len = torch.tensor([b["prompt_len"] for b in batch])
+        with torch.no_grad():  # teacher: the target's distribution at every position, on the draft vocab
+            normed = target.norm(final)
+            full_arg = target.lm_head(normed).argmax(-1)  # [S, T]
+            teacher = torch.softmax(F.linear(normed, head_w).float(), dim=-1)  # [S, T, Vd]
+            teacher_ok = t2d[full_arg]
+        rows = t - 1  # row i = (h_i, t_{i+1}) at position i
+        i = torch.arange(rows)
+        causal = torch.ones(rows, rows, dtype=torch.bool).tril()[None].expand(s, -1, -1)
+        diag = torch.eye(rows, dtype=torch.bool)[None].expand(s, -1, -1)
+        hidden = feats[:, :rows]
+        past_k, past_v = [], []
+        masks = [causal]
+        total = 0.0
+        metrics = {}
+        for j in range(ttt):
+            tok_pos = (i + 1 + j).clamp(max=t - 1)
+            embeds = model.embed(ids[:, tok_pos])
+            positions = (i + j)[None].expand(s, -1)
+            past = None if j == 0 else (torch.cat(past_k, dim=1), torch.cat(past_v, dim=1))
+            mask = torch.cat(masks, dim=2)
+            normed_d, hidden, (k, v) = model(embeds, hidden, positions, past, mask)
+            past_k.append(k)
+            past_v.append(v)
+            masks = [causal] + [diag] * (j + 1)
+            # row i at step j drafts token i+2+j from the target's distribution at position i+1+j
+            tpos = i + 1 + j
+            ok = (tpos[None] < lengths[:, None]) & (tpos[None] >= prompt_len[:, None])
+            tp = tpos.clamp(max=t - 1)
+            ok &= teacher_ok[:, tp]
+            logp = torch.log_softmax(model.logits(normed_d), dim=-1)
+            ce = -(teacher[:, tp] * logp).sum(-1)
+            loss_j = (ce * ok).sum() / ok.sum().clamp(min=1)
+            total = total + (0.8**j) * loss_j
+            with torch.no_grad():
+                hit = (logp.argmax(-1) == teacher[:, tp].argmax(-1)) & ok
+                metrics[f"acc{j}"] = float(hit.sum() / ok.sum().clamp(min=1))
+        return total, metrics
+
+    report = train_loop("eagle3", step_fn, list(model.parameters()), args.minutes, args.eagle_lr, args.seed)
+    report["draft_vocab_coverage"] = coverage
+    return model.eval(), report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def quick_tau(target_model, drafter_dir_dflash: Path, drafter_dir_eagle: Path, n: int, new_tokens: int) -> dict:
+    """Greedy tau of the saved (bf16) drafters on the first n GSM8K test prompts; asserts losslessness."""
+    d = dflash.DFlashDrafter.from_pretrained(drafter_dir_dflash)
+    d.attach_target(target_model.embed_tokens.weight, target_model.lm_head.weight)
+    e = eagle3.Eagle3Drafter.from_pretrained(drafter_dir_eagle)
+    e.attach_target(target_model.embed_tokens.weight)
+    e_layers = e.config.resolve_target_layer_ids(target_model.config["num_hidden_layers"])
+    out = {}
+    for prompt in common.gsm8k_prompts("test", n):
+        ar = generate(common.tiny_target(target_model), prompt, new_tokens).tokens
+        runs = {
+            "dflash_chain": (d.config.resolve_target_layer_ids(), ChainProposer(drafter=d.block_drafter(),
+                                                                                num_draft_tokens=d.config.block_size - 1)),
+            "eagle3_chain": (e_layers, EagleProposer(drafter=e.step_drafter(), num_steps=3, topk=1, num_draft_tokens=4)),
+        }  # fmt: skip
+        for name, (layers, proposer) in runs.items():
+            res = generate(common.tiny_target(target_model, layers), prompt, new_tokens, proposer=proposer)
+            assert res.tokens == ar, f"{name} is not lossless"
+            out.setdefault(name, []).append(res.tau)
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=3000, help="GSM8K train questions to regenerate")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--gen-batch", type=int, default=64)
+    ap.add_argument("--minutes", type=float, default=20.0, help="training wall time per drafter")
+    ap.add_argument("--only", choices=["dflash", "eagle3"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per training step")
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--dflash-layers", type=int, nargs="+", default=[1, 3, 4])
+    ap.add_argument("--dflash-num-layers", type=int, default=2)
+    ap.add_argument("--dflash-intermediate", type=int, default=512)
+    ap.add_argument("--dflash-lr", type=float, default=2e-3)
+    ap.add_argument("--anchors", type=int, default=24, help="DFlash anchors per sequence per step")
+    ap.add_argument("--gamma", type=float, default=4.0, help="DFlash loss decay exp(-(k-1)/gamma)")
+    ap.add_argument("--eagle-layers", type=int, nargs="+", default=[1, 2, 4], help="eagle_aux_hidden_state_layer_ids")
+    ap.add_argument("--eagle-intermediate", type=int, default=512)
+    ap.add_argument("--eagle-lr", type=float, default=2e-3)
+    ap.add_argument("--draft-vocab", type=int, default=1024)
+    ap.add_argument("--ttt", type=int, default=6, help="EAGLE3 training-time-test unroll")
+    ap.add_argument("--out-dir", type=Path, default=ASSETS, help="parent folder of the two drafter folders")
+    ap.add_argument("--data-cache", type=Path, help="reuse / write the regenerated text here (.pt)")
+    ap.add_argument("--report", type=Path, default=REPO / "bench" / "results" / "bench_tau_training.json")
+    ap.add_argument("--tau-prompts", type=int, default=5)
+    args = ap.parse_args()
+
+    torch.set_num_threads(2)
+    torch.manual_seed(args.seed)
+    target = tiny.TinyKimiLM.from_pretrained()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tokenizer = common.load_tokenizer()
+    report: dict = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+
+    t0 = time.time()
+    if args.data_cache and args.data_cache.exists():
+        seqs = torch.load(args.data_cache)
+        print(f"regenerated text: {len(seqs)} sequences from {args.data_cache}")
+    else:
+        print(f"regenerating {args.prompts} GSM8K train answers x {args.new_tokens} tokens")
+        seqs = regenerate(target, tokenizer, args.prompts, args.new_tokens, args.gen_batch, args.seed)
+        if args.data_cache:
+            torch.save(seqs, args.data_cache)
+    report["regenerate_seconds"] = round(time.time() - t0, 1)
+    print("sample:", repr(tokenizer.decode(seqs[len(seqs) // 2]["ids"])[-300:]))
+    t0 = time.time()
+    extract_features(target, seqs, batch=32)
+    report["features_seconds"] = round(time.time() - t0, 1)
+    report["num_sequences"] = len(seqs)
+    report["num_generated_tokens"] = sum(len(s["ids"]) - s["prompt_len"] for s in seqs)
+
+    dirs = {"dflash": args.out_dir / "tiny-kimi-k2.6-dflash", "eagle3": args.out_dir / "tiny-kimi-k2.6-eagle3"}
+    if args.only != "eagle3":
+        print("training DFlash")
+        model, rep = train_dflash(args, target, seqs)
+        model.save_pretrained(dirs["dflash"])
+        rep["asset_bytes"] = (dirs["dflash"] / "model.safetensors").stat().st_size
+        report["dflash"] = rep
+    if args.only != "dflash":
+        print("training EAGLE3")
+        model, rep = train_eagle3(args, target, seqs)
+        model.save_pretrained(dirs["eagle3"])
+        rep["asset_bytes"] = (dirs["eagle3"] / "model.safetensors").stat().st_size
+        report["eagle3"] = rep
+    del seqs
+
+    print("loading the saved drafters with SGLang's loaders")
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "_drafter_sglang_check.py"), *map(str, dirs.values())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report["sglang_check_ok"] = check.returncode == 0
+    print(check.stdout[-3000:])
+    if check.returncode:
+        print(check.stderr[-3000:])
+    if dirs["dflash"].exists() and dirs["eagle3"].exists() and args.tau_prompts:
+        report["quick_tau"] = quick_tau(target, dirs["dflash"], dirs["eagle3"], args.tau_prompts, args.new_tokens)
+        print("quick tau:", report["quick_tau"])
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    for name in ("dflash", "eagle3"):
+        if name in report:
+            report[name]["history"] = report[name]["history"][-20:]
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"report: {args.report}")
+
+
+if __name__ == "__main__":
+    main()
