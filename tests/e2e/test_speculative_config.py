@@ -1,0 +1,130 @@
+"""Speculative settings SGLang cannot serve are refused at start-up, each with one clear error, before weights load.
+
+Every case runs through SGLang's own argument resolution with the plugin loaded (one subprocess for all of them);
+one case also goes through a real `sglang-kimi serve` start to show the server exits with the message before it
+loads the target's weights.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_kimi.server import TINY_MODEL, LaunchError, free_port, sglang_env, start_server
+
+from drafters import write_dflash, write_eagle3
+
+pytestmark = pytest.mark.e2e
+
+CPU_ARGS = ["--device", "cpu", "--sampling-backend", "pytorch", "--disable-cuda-graph", "--dtype", "float32",
+            "--language-model-only"]
+
+RESOLVE = """
+import json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+outcomes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        prepare_server_args(argv).resolve_once()
+        outcomes.append(None)
+    except Exception as exc:
+        outcomes.append(f"{type(exc).__name__}: {exc}")
+print("OUTCOMES=" + json.dumps(outcomes))
+"""
+
+
+def _edit_config(path, **fields):
+    config = json.loads((path / "config.json").read_text())
+    for key, value in fields.items():
+        if key == "target_layer_ids":
+            config["dflash_config"]["target_layer_ids"] = value
+        else:
+            config[key] = value
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafters")
+    return {
+        "dflash": write_dflash(root / "dflash", block_size=8),
+        "eagle3": write_eagle3(root / "eagle3"),
+        "dflash_vocab": _edit_config(write_dflash(root / "dflash_vocab", block_size=8), vocab_size=5000),
+        "dflash_hidden": _edit_config(write_dflash(root / "dflash_hidden", block_size=8), hidden_size=128),
+        "dflash_layers": _edit_config(write_dflash(root / "dflash_layers", block_size=8), target_layer_ids=[1, 9]),
+    }
+
+
+def dflash(path, *extra, backend="kimi_cpu"):
+    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(path),
+            "--attention-backend", backend, *extra]
+
+
+def eagle3(path, *extra, backend="kimi_cpu"):
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(path),
+            "--attention-backend", backend, *extra]
+
+
+def cases(d):
+    """(argv, the words the one error must contain)."""
+    return [
+        (dflash(d["dflash_vocab"]), ["vocab_size", "5000", "4096"]),
+        (dflash(d["dflash_hidden"]), ["hidden_size", "128", "256"]),
+        (dflash(d["dflash_layers"]), ["target_layer_ids", "9"]),
+        (dflash(d["dflash"], "--speculative-num-draft-tokens", "12"), ["block_size", "8", "12"]),
+        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "0"), ["--speculative-dflash-tree-budget 0", "1..63"]),
+        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "64"), ["--speculative-dflash-tree-budget 64", "1..63"]),
+        (dflash(d["eagle3"]), ["pass --speculative-algorithm EAGLE3"]),
+        (eagle3(d["dflash"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", "4"), ["pass --speculative-algorithm DFLASH"]),
+        (dflash("/nonexistent/drafter"), ["/nonexistent/drafter", "does not exist"]),
+        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
+         ["torch_native", "triton", "kimi_cpu"]),
+        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
+        (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
+        (eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                "--speculative-num-draft-tokens", "6", "--page-size", "16"), ["page"]),
+    ]
+
+
+def test_each_bad_setting_is_one_clear_error(drafters):
+    table = cases(drafters)
+    argvs = [["--model-path", str(TINY_MODEL), *CPU_ARGS, *argv] for argv, _ in table]
+    env, _ = sglang_env(cpu=True)
+    out = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
+    assert line, out.stderr[-3000:]
+    outcomes = json.loads(line[0][len("OUTCOMES="):])
+    for (argv, words), outcome in zip(table, outcomes):
+        assert outcome is not None, f"accepted: {argv}"
+        assert all(w in outcome for w in words), f"{argv}\n-> {outcome}"
+
+
+def test_good_settings_resolve(drafters):
+    argvs = [
+        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"])],
+        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8")],
+        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *eagle3(drafters["eagle3"], "--speculative-num-steps", "3",
+                                                              "--speculative-eagle-topk", "2",
+                                                              "--speculative-num-draft-tokens", "6")],
+    ]
+    env, _ = sglang_env(cpu=True)
+    out = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
+    assert line, out.stderr[-3000:]
+    assert json.loads(line[0][len("OUTCOMES="):]) == [None, None, None]
+
+
+def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
+    log = tmp_path / "server.log"
+    with pytest.raises(LaunchError) as failure:
+        start_server(dflash(drafters["dflash_vocab"]), port=free_port(), log_path=log, timeout=300)
+    text = log.read_text()
+    assert "vocab_size: drafter has 5000, target has 4096" in str(failure.value)
+    assert "Load weight" not in text and "sglang::scheduler" not in text
