@@ -82,6 +82,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate_kv(args: argparse.Namespace) -> int:
+    from sglang_kimi.kv_calibration import CalibrationError, run_calibrate_kv
+
+    try:
+        return run_calibrate_kv(args)
+    except CalibrationError as exc:
+        return _fail(str(exc))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-kimi",
@@ -145,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
+    from sglang_kimi.kv_calibration import add_calibrate_kv_parser
+
+    add_calibrate_kv_parser(sub)
+
     from sglang_kimi.evals.cli import add_bench_parser, add_eval_parser
 
     add_eval_parser(sub)
@@ -165,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_doctor(args)
     if args.command == "tune":
         return cmd_tune(args)
+    if args.command == "calibrate-kv":
+        return cmd_calibrate_kv(args)
     if args.command in ("eval", "bench"):
         from sglang_kimi.evals.cli import cmd_bench, cmd_eval
 

@@ -77,6 +77,28 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "_verify_quantization refuses new names",
     ),
     Entry(
+        "kimi-fp8-kv-scales",
+        "sglang.srt.model_executor.model_runner_components.load_model_utils.load_kv_cache_scales",
+        "sglang_kimi.models.kv_scales:install_kv_scales",
+        "FP8 KV cache for Kimi, whose checkpoints have no KV scales (scale 1.0 clips latent values above 448): "
+        "per-layer scales for the target's and the drafter's attention layers, from SGLANG_KIMI_KV_SCALES "
+        "(a `sglang-kimi calibrate-kv` file; `dynamic`: running max of the first requests, then frozen; `observe`)",
+    ),
+    Entry(
+        "kimi-kv-observe-mla",
+        "sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.set_kv_buffer",
+        "sglang_kimi.models.kv_scales:install_mla_observer",
+        "running max of the MLA latent rows (576 values per token) written to the KV cache, for dynamic FP8 KV "
+        "scales and calibrate-kv; inert unless FP8 KV or SGLANG_KIMI_KV_SCALES=observe",
+    ),
+    Entry(
+        "kimi-kv-observe-mha",
+        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer",
+        "sglang_kimi.models.kv_scales:install_mha_observer",
+        "running max of K and V written to MHA pools (the DFlash drafter's), so drafter layers get FP8 KV scales "
+        "too (they are otherwise left at 1.0); inert unless FP8 KV or SGLANG_KIMI_KV_SCALES=observe",
+    ),
+    Entry(
         "plugin-flags",
         "sglang.srt.server_args.ServerArgs.add_cli_args",
         "sglang_kimi.algorithms:install_flag_help",
@@ -250,6 +272,9 @@ def _add_plugin_state(result, controller, *args, **kwargs):
     state = plugin_state()
     state["args"] = dataclasses.asdict(plugin_args(controller.scheduler.server_args))
     state["spec_metrics"] = current_snapshot()
+    from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
+
+    state["kv_scales"] = kv_scales_snapshot()
     result.internal_state["sglang_kimi"] = state
     return result
 

@@ -226,6 +226,17 @@ def test_dequantized_reference_is_close_to_the_bf16_model(variants, fmt, tmp_pat
     assert torch.equal(r["language_model.lm_head.weight"], src["language_model.lm_head.weight"])
 
 
+def test_amd_k25_variant_quantizes_shared_experts_and_the_dense_mlp(tmp_path):
+    path = F.write_named_variant(TINY_MODEL_DIR, tmp_path / "amd", "mxfp4-amd-k25")
+    quantized = F.quantized_modules(_tensors(path), F.MXFP4)
+    assert "language_model.model.layers.0.mlp.gate_proj" in quantized  # dense layer-0 MLP
+    assert "language_model.model.layers.3.mlp.shared_experts.down_proj" in quantized
+    assert not any("self_attn" in m or "lm_head" in m or m.endswith("mlp.gate") for m in quantized)
+    assert len(quantized) == 3 + 5 * (8 + 1) * 3
+    with pytest.raises(ValueError, match="unknown variant"):
+        F.write_named_variant(TINY_MODEL_DIR, tmp_path / "x", "nvfp4")
+
+
 def test_write_variant_refuses_a_quantized_source(variants, tmp_path):
     with pytest.raises(F.CheckpointFormatError, match="already quantized"):
         F.write_variant(variants[F.INT4], tmp_path / "again", F.MXFP4)
@@ -237,7 +248,7 @@ def test_make_variants_script(tmp_path, capsys):
     sys.path.insert(0, str(TINY_MODEL_DIR.parents[2] / "scripts"))
     import make_variants
 
-    assert make_variants.main(["--out", str(tmp_path), "--formats", "mxfp4", "--reference"]) == 0
+    assert make_variants.main(["--out", str(tmp_path), "--variants", "mxfp4", "--reference"]) == 0
     printed = capsys.readouterr().out
     assert "mxfp4" in printed and "mxfp4-reference" in printed
     assert (tmp_path / "mxfp4" / "tokenizer.json").exists() and (tmp_path / "mxfp4-reference" / "config.json").exists()

@@ -79,6 +79,16 @@ KIMI_K26_MXFP4_EXCLUDE = (
     "re:mm_projector.*",
 )
 
+# amd/Kimi-K2.5-MXFP4 style: only lm_head, attention and the router stay bf16; the shared experts and the dense
+# layer-0 MLP are MXFP4 too (dense quantized Linears, served by the Linear fallback where SGLang has no kernel).
+AMD_K25_MXFP4_EXCLUDE = (
+    "re:.*lm_head",
+    "re:.*self_attn.*",
+    r"re:.*mlp\.gate$",
+    "re:vision_tower.*",
+    "re:mm_projector.*",
+)
+
 
 class CheckpointFormatError(ValueError):
     """A checkpoint whose quantized tensors do not have the layout their config declares."""
@@ -409,6 +419,22 @@ def write_variant(src: str | Path, dst: str | Path, fmt: str, patterns: Iterable
     else:
         raise ValueError(f"unknown format {fmt!r}: expected one of {FORMATS}")
     return _write_checkpoint(src, dst, config, quantize_state_dict(sd, fmt, patterns))
+
+
+# The variants scripts/make_variants.py writes: name -> (format, ignore/exclude list).
+VARIANTS = {
+    "int4": (INT4, KIMI_K26_INT4_IGNORE),  # moonshotai/Kimi-K2.6: routed experts INT4
+    "mxfp4": (MXFP4, KIMI_K26_MXFP4_EXCLUDE),  # Kimi-K2.6 MXFP4 (Quark): routed experts MXFP4
+    "mxfp4-amd-k25": (MXFP4, AMD_K25_MXFP4_EXCLUDE),  # amd/Kimi-K2.5-MXFP4 style: shared + dense MLP MXFP4 too
+}
+
+
+def write_named_variant(src: str | Path, dst: str | Path, name: str) -> Path:
+    """:func:`write_variant` for one of :data:`VARIANTS`."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: expected one of {sorted(VARIANTS)}")
+    fmt, patterns = VARIANTS[name]
+    return write_variant(src, dst, fmt, patterns)
 
 
 def dequantize_checkpoint(src: str | Path, dst: str | Path) -> Path:

@@ -1,0 +1,431 @@
+"""FP8 KV cache scales for Kimi: per-layer scales from the real KV data (dynamic, then frozen) or from a file.
+
+An FP8 e4m3 cache holds |x| <= 448. SGLang stores ``x / k_scale`` and multiplies by ``k_scale`` when reading, but
+Kimi's checkpoints carry no KV scales: ``k_scale`` stays 1.0 and every KV value above 448 is clipped (and values
+below 2^-9 flush to zero), so attention over large latent values degenerates. Drafters are worse off: their
+attention layers never receive scales at all (vLLM #49262).
+
+What one scale covers:
+
+- **MLA** (the Kimi target; EAGLE3-MLA drafters): one cache row per token per layer, ``[normed latent (kv_lora_rank)
+  | roped key (qk_rope_head_dim)]`` = 576 values for Kimi. K reads the whole row and V its first 512 values, so a
+  layer has a single scale: ``k_scale == v_scale``.
+- **MHA** (the DFlash drafter's GQA attention): K and V rows ``[kv_heads, head_dim]`` with a scale each.
+
+The scale rule (:class:`ScaleRule`), per layer and tensor::
+
+    amax  = running max of |x| over every KV row written so far (every write the Python side sees: with CUDA
+            graphs, extend/prefill batches only)
+    scale = 2 ** ceil(log2(amax * headroom / 448))      # a power of two: re-encoding stored FP8 rows is exact
+
+    frozen once `freeze_tokens` tokens were observed, or once at least `min_tokens` were observed and the running
+    max grew by at most `growth_tol` (relative) over the last `patience` observed batches. A frozen scale never
+    changes again. Before it freezes, a layer whose scale grows has its stored rows re-encoded (x * old / new).
+
+Modes (``SGLANG_KIMI_KV_SCALES``, read in every SGLang process):
+
+- a path: the JSON written by ``sglang-kimi calibrate-kv``; scales are applied at model load, before any CUDA graph
+  is captured, to the target's and the drafter's attention layers, and never change. The production setting.
+- ``dynamic`` (the default with ``--kv-cache-dtype fp8_e4m3``): the rule above on the live traffic. CUDA graphs bake
+  the decode kernels' scale at capture, so dynamic scales need ``--disable-cuda-graph``; with graphs enabled the
+  plugin keeps SGLang's 1.0 and says how to calibrate instead.
+- ``observe``: record the running max without touching anything (any KV dtype): what ``calibrate-kv`` reads back
+  from ``/server_info``.
+- ``off``: SGLang's behaviour.
+
+SGLang applies ``layer.k_scale`` to MLA rows only in its triton attention backend (``k / k_scale`` before the write,
+``k_descale`` in the kernels); FlashInfer-MLA ignores it and trtllm-mla only scales its BMM1. Scales are therefore
+set on MLA layers only under ``--attention-backend triton``; other backends get a warning. Drafter (MHA) pools
+divide by ``layer.k_scale`` on every write path SGLang has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("sglang_kimi")
+
+ENV = "SGLANG_KIMI_KV_SCALES"
+FORMAT = "sglang-kimi-kv-scales/1"
+FP8_E4M3_MAX = 448.0
+MODES = ("dynamic", "observe", "off")
+TARGET, DRAFT = "target", "draft"
+DRAFTER_ARCHITECTURES = ("DFlashDraftModel", "LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+SCALE_AWARE_MLA_BACKENDS = ("triton",)
+
+
+class KVScalesError(ValueError):
+    """A KV scale file or setting that cannot be used; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class ScaleRule:
+    """How a running max becomes a scale, and when it stops changing (see the module docstring)."""
+
+    headroom: float = 1.25  # room above the observed max for later, larger values
+    freeze_tokens: int = 4096  # freeze after this many observed tokens ...
+    min_tokens: int = 256  # ... or, after at least this many,
+    patience: int = 8  # ... once `patience` consecutive observed batches
+    growth_tol: float = 0.05  # ... grew the running max by at most 5%
+    fp8_max: float = FP8_E4M3_MAX
+
+    def scale(self, amax: float) -> float:
+        """The power-of-two scale that maps ``amax * headroom`` to at most ``fp8_max`` (1.0 for an empty layer)."""
+        if amax <= 0 or not math.isfinite(amax):
+            return 1.0
+        return 2.0 ** math.ceil(math.log2(amax * self.headroom / self.fp8_max))
+
+
+@dataclass
+class LayerScale:
+    """One attention layer's running max and scales. MLA layers keep one scale (``v_scale == k_scale``)."""
+
+    mla: bool
+    freeze: bool = True  # False: observe only (calibration), never frozen
+    k_amax: float = 0.0
+    v_amax: float = 0.0
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    tokens: int = 0
+    batches: int = 0
+    stable_batches: int = 0
+    frozen: bool = False
+    _window_start: float = field(default=0.0, repr=False)
+
+    def observe(self, k_amax: float, v_amax: float, tokens: int, rule: ScaleRule) -> bool:
+        """Fold one batch's maxima in; returns whether the scales changed. No effect once frozen."""
+        if self.frozen:
+            return False
+        if self.mla:
+            k_amax = v_amax = max(k_amax, v_amax)
+        self.k_amax, self.v_amax = max(self.k_amax, k_amax), max(self.v_amax, v_amax)
+        self.tokens += tokens
+        self.batches += 1
+        running = max(self.k_amax, self.v_amax)
+        if self.stable_batches == 0:
+            self._window_start = running
+        if running <= self._window_start * (1.0 + rule.growth_tol):
+            self.stable_batches += 1
+        else:
+            self.stable_batches, self._window_start = 1, running
+        old = (self.k_scale, self.v_scale)
+        self.k_scale, self.v_scale = rule.scale(self.k_amax), rule.scale(self.v_amax)
+        settled = self.tokens >= rule.min_tokens and self.stable_batches > rule.patience
+        if self.freeze and (self.tokens >= rule.freeze_tokens or settled):
+            self.frozen = True
+        return (self.k_scale, self.v_scale) != old
+
+    def as_json(self) -> dict:
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale, "k_amax": self.k_amax, "v_amax": self.v_amax,
+                "tokens": self.tokens, "frozen": self.frozen, "mla": self.mla}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FP8 round trip (what SGLang's pools and kernels do) and re-encoding stored rows
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def fp8_store(x: torch.Tensor, scale: float, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """What an SGLang pool stores: ``(x / scale).to(fp8)`` (torch saturates at +-448)."""
+    return (x / scale).to(dtype)
+
+
+def fp8_load(stored: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """What an attention kernel reads: ``stored * scale`` (``k_descale``)."""
+    return stored.to(dtype) * scale
+
+
+def reencode_(buffer: torch.Tensor, fp8_dtype: torch.dtype, ratio: float, chunk: int = 1 << 16) -> None:
+    """Re-encode stored FP8 rows in place for a scale change: ``x_new = x_old * ratio`` with ratio = old / new (a
+    power of two: exact except values pushed below FP8's subnormal range). ``buffer`` is the pool's storage
+    (uint8 or fp8) [rows, ...]."""
+    view = buffer.view(fp8_dtype)
+    for start in range(0, view.shape[0], chunk):
+        part = view[start : start + chunk]
+        part.copy_((part.to(torch.float32) * ratio).to(fp8_dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scale files
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def scales_document(layers: Mapping[str, Mapping[int, LayerScale]], rule: ScaleRule, models: Mapping[str, str]) -> dict:
+    """The JSON ``calibrate-kv`` writes: per role (target, draft), per layer id, the scales and what they came from."""
+    return {
+        "format": FORMAT,
+        "fp8_dtype": "float8_e4m3fn",
+        "rule": asdict(rule),
+        **{
+            role: {"model": models.get(role), "layers": {str(i): s.as_json() for i, s in sorted(per.items())}}
+            for role, per in layers.items()
+        },
+    }
+
+
+def read_scales(path: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
+    """role -> layer id -> (k_scale, v_scale) from a ``calibrate-kv`` file."""
+    path = Path(path).expanduser()
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KVScalesError(f"{ENV}={path}: no such file: write it with `sglang-kimi calibrate-kv --out {path}`")
+    except json.JSONDecodeError as exc:
+        raise KVScalesError(f"{ENV}={path} is not JSON ({exc}): write it with `sglang-kimi calibrate-kv`")
+    if doc.get("format") != FORMAT:
+        raise KVScalesError(f"{path} is not a KV scale file ({FORMAT!r} expected): write it with `sglang-kimi calibrate-kv`")
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for role in (TARGET, DRAFT):
+        for layer, entry in ((doc.get(role) or {}).get("layers") or {}).items():
+            k, v = float(entry["k_scale"]), float(entry["v_scale"])
+            if not (k > 0 and v > 0 and math.isfinite(k) and math.isfinite(v)):
+                raise KVScalesError(f"{path}: {role} layer {layer} has invalid scales ({k}, {v}): recalibrate")
+            out.setdefault(role, {})[int(layer)] = (k, v)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Process-wide state (one SGLang scheduler process serves one target and at most one drafter)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tracked:
+    role: str
+    layer_id: int
+    state: LayerScale
+    dynamic: bool  # True: scales follow the rule; False: observe only
+
+
+RULE = ScaleRule()
+_TRACKED: dict[int, Tracked] = {}  # id(RadixAttention) -> tracking
+_MODELS: dict[str, str] = {}
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "").strip()
+    return value or "dynamic"
+
+
+def snapshot() -> dict:
+    """The live state, reported in ``/server_info`` (``internal_states[0].sglang_kimi.kv_scales``)."""
+    layers: dict[str, dict[int, LayerScale]] = {}
+    for t in _TRACKED.values():
+        layers.setdefault(t.role, {})[t.layer_id] = t.state
+    doc = scales_document(layers, RULE, _MODELS)
+    doc["mode"] = mode()
+    return doc
+
+
+def model_role(model) -> str:
+    config = getattr(model, "config", None)
+    archs = tuple(getattr(config, "architectures", None) or ())
+    return DRAFT if any(a in DRAFTER_ARCHITECTURES for a in archs) or type(model).__name__ in DRAFTER_ARCHITECTURES else TARGET
+
+
+def _is_mla(model) -> bool:
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    return getattr(text, "kv_lora_rank", None) is not None
+
+
+def _attention_layers(model):
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return [m for m in model.modules() if isinstance(m, RadixAttention)]
+
+
+def set_layer_scales(layer, k_scale: float, v_scale: float) -> None:
+    """Give a RadixAttention the scales SGLang's write and read paths use (tensor for the write, float for kernels)."""
+    device = next((p.device for p in getattr(layer, "parameters", lambda: [])()), None) or torch.device("cpu")
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        current = getattr(layer, name, None)
+        if isinstance(current, torch.Tensor):
+            current.data.fill_(value)
+        else:
+            setattr(layer, name, torch.tensor(value, dtype=torch.float32, device=device))
+        setattr(layer, name + "_float", float(value))
+
+
+def _mla_backend_ok(role: str) -> bool:
+    from sglang.srt.runtime_context import attention_backends
+
+    backends = set(b for b in attention_backends() if b)
+    if backends <= set(SCALE_AWARE_MLA_BACKENDS):
+        return True
+    logger.warning(
+        "sglang-kimi: FP8 KV scales are not applied to the %s's MLA layers: attention backend(s) %s ignore "
+        "layer.k_scale for the MLA latent cache (values above 448 clip). Use --attention-backend triton.",
+        role, ", ".join(sorted(backends)),
+    )
+    return False
+
+
+def _cuda_graphs_enabled() -> bool:
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        return torch.cuda.is_available() and not get_global_server_args().disable_cuda_graph
+    except Exception:
+        return False
+
+
+def _after_load_kv_cache_scales(original, *args, model, kv_cache_dtype: str, **kwargs):
+    """Around SGLang's ``load_kv_cache_scales`` (every model runner: target and drafter)."""
+    result = original(*args, model=model, kv_cache_dtype=kv_cache_dtype, **kwargs)
+    setup_model(model, kv_cache_dtype)
+    return result
+
+
+def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
+    """Apply the configured mode to a loaded model's attention layers; returns what was done."""
+    chosen = env_mode or mode()
+    fp8 = str(kv_cache_dtype).startswith("fp8")
+    role, mla = model_role(model), _is_mla(model)
+    layers = _attention_layers(model)
+    _MODELS[role] = type(model).__name__
+    if chosen == "off" or (not fp8 and chosen != "observe"):
+        return "off"
+    if chosen == "observe":
+        for layer in layers:
+            _TRACKED[id(layer)] = Tracked(role, layer.layer_id, LayerScale(mla=mla, freeze=False), dynamic=False)
+        return "observe"
+    if fp8 and mla and not _mla_backend_ok(role):
+        return "unsupported backend"
+    if chosen == "dynamic":
+        if _cuda_graphs_enabled():
+            logger.warning(
+                "sglang-kimi: FP8 KV cache with dynamic scales needs --disable-cuda-graph (CUDA graphs bake the "
+                "scale at capture); keeping scale 1.0 for the %s. Calibrate once instead: start a server with "
+                "%s=observe, run `sglang-kimi calibrate-kv --base-url URL --out kv_scales.json`, then serve with "
+                "%s=kv_scales.json", role, ENV, ENV,
+            )
+            return "dynamic refused (CUDA graphs)"
+        for layer in layers:
+            set_layer_scales(layer, 1.0, 1.0)
+            _TRACKED[id(layer)] = Tracked(role, layer.layer_id, LayerScale(mla=mla), dynamic=True)
+        return "dynamic"
+    scales = read_scales(chosen).get(role)
+    if not scales:
+        raise KVScalesError(
+            f"{ENV}={chosen} has no {role} layers: calibrate with the {role} served "
+            f"(`sglang-kimi calibrate-kv` records the drafter's layers when the server runs one)"
+        )
+    missing = sorted({layer.layer_id for layer in layers} - set(scales))
+    if missing:
+        raise KVScalesError(f"{ENV}={chosen} has no scales for {role} layers {missing}: recalibrate for this model")
+    for layer in layers:
+        k, v = scales[layer.layer_id]
+        set_layer_scales(layer, max(k, v) if mla else k, max(k, v) if mla else v)
+        state = LayerScale(mla=mla, k_scale=k, v_scale=v, frozen=True)
+        _TRACKED[id(layer)] = Tracked(role, layer.layer_id, state, dynamic=False)
+    logger.info("sglang-kimi: FP8 KV scales for %d %s layers from %s", len(layers), role, chosen)
+    return "file"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Observation on the pools' write paths
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _amax(x: torch.Tensor) -> float:
+    return float(x.detach().abs().amax()) if x is not None and x.numel() else 0.0
+
+
+def _observe(
+    pool, layer, cache_k, cache_v, incoming_scale: float, buffers, prescaled: bool
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Update the layer's running max from one write; under dynamic scales re-encode what is stored (and, for
+    ``prescaled`` rows, the incoming ones) when the scale grows. ``incoming_scale``: what the incoming rows were
+    already divided by (MLA under the triton backend: ``layer.k_scale``; MHA rows arrive raw, the pool divides)."""
+    tracked = _TRACKED.get(id(layer))
+    if tracked is None or tracked.state.frozen or _capturing():
+        return cache_k, cache_v, False
+    state = tracked.state
+    old_k, old_v = state.k_scale, state.v_scale
+    k_amax = _amax(cache_k) * incoming_scale
+    # MLA: the stored row is cache_k ([latent | rope]); cache_v (the latent again, unscaled) is not stored
+    v_amax = k_amax if state.mla else _amax(cache_v) * incoming_scale
+    changed = state.observe(k_amax, v_amax, int(cache_k.shape[0]), RULE)
+    if not (tracked.dynamic and changed):
+        return cache_k, cache_v, False
+    fp8_dtype = getattr(pool, "dtype", torch.float8_e4m3fn)
+    for buffer, old, new in zip(buffers, (old_k, old_v), (state.k_scale, state.v_scale)):
+        if buffer is not None and old != new:
+            reencode_(buffer, fp8_dtype, old / new)
+    if prescaled:  # MLA under the triton backend: the rows arrive divided by the old scale
+        cache_k = cache_k * (incoming_scale / state.k_scale)
+    set_layer_scales(layer, state.k_scale, state.v_scale)
+    return cache_k, cache_v, True
+
+
+def _mha_set_kv_buffer(original, pool, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None, *args, **kw):
+    if id(layer) in _TRACKED and not _TRACKED[id(layer)].state.frozen:
+        idx = layer.layer_id - pool.start_layer
+        tracked = _TRACKED[id(layer)]
+        buffers = (pool.k_buffer[idx], pool.v_buffer[idx]) if tracked.dynamic else (None, None)
+        cache_k, cache_v, changed = _observe(pool, layer, cache_k, cache_v, 1.0, buffers, prescaled=False)
+        if changed:
+            k_scale, v_scale = layer.k_scale, layer.v_scale
+    return original(pool, layer, loc_info, cache_k, cache_v, k_scale, v_scale, *args, **kw)
+
+
+def _mla_set_kv_buffer(original, pool, layer, loc_info, cache_k, cache_v, *args, **kw):
+    if id(layer) in _TRACKED and not _TRACKED[id(layer)].state.frozen:
+        tracked = _TRACKED[id(layer)]
+        incoming = float(layer.k_scale_float) if tracked.dynamic and getattr(layer, "k_scale_float", None) else 1.0
+        buffers = (pool.kv_buffer[layer.layer_id - pool.start_layer], None) if tracked.dynamic else (None, None)
+        cache_k, cache_v, _ = _observe(pool, layer, cache_k, cache_v, incoming, buffers, prescaled=tracked.dynamic)
+    return original(pool, layer, loc_info, cache_k, cache_v, *args, **kw)
+
+
+def _active() -> str | None:
+    """None when the hooks should be installed; else why not (the table records it as skipped)."""
+    if mode() == "off":
+        return f"{ENV}=off"
+    if mode() not in MODES:
+        read_scales(mode())  # fail early, in the server process, naming the fix
+    return None
+
+
+def install_kv_scales():
+    """Table entry ``kimi-fp8-kv-scales``: scales (file / dynamic / observe) applied to every loaded model's
+    attention layers, target and drafter."""
+    from sglang_kimi.plugin import hook, target_of
+
+    skipped = _active()
+    if skipped is None:
+        hook(target_of("kimi-fp8-kv-scales"), _after_load_kv_cache_scales, "AROUND")
+    return skipped
+
+
+def install_mha_observer():
+    """Table entry ``kimi-kv-observe-mha``: running max / dynamic scales on MHA writes (DFlash drafter pools)."""
+    from sglang_kimi.plugin import hook, target_of
+
+    skipped = _active()
+    if skipped is None:
+        hook(target_of("kimi-kv-observe-mha"), _mha_set_kv_buffer, "AROUND")
+    return skipped
+
+
+def install_mla_observer():
+    """Table entry ``kimi-kv-observe-mla``: running max / dynamic scales on MLA latent writes (the Kimi target)."""
+    from sglang_kimi.plugin import hook, target_of
+
+    skipped = _active()
+    if skipped is None:
+        hook(target_of("kimi-kv-observe-mla"), _mla_set_kv_buffer, "AROUND")
+    return skipped
