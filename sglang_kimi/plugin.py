@@ -53,6 +53,77 @@ REGISTRATIONS: tuple[Entry, ...] = (
         when=CPU_ONLY,
     ),
     Entry(
+        "cpu-attention-backend",
+        "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS",
+        "sglang_kimi.cpu.draft_backends:install_attention_backend",
+        "--attention-backend kimi_cpu: torch attention serving every mode speculative decoding uses on CPU "
+        "(TARGET_VERIFY chains and tree masks, EAGLE multi-step draft, DFLASH non-causal draft blocks, absorbed "
+        "MLA); SGLang's torch_native has none of them and intel_amx needs the compiled CPU sgl_kernel",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-eagle-draft-backends",
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend",
+        "sglang_kimi.cpu.draft_backends:install_draft_backends",
+        "EAGLE's draft backends for kimi_cpu: DraftBackendFactory refuses names outside its hard-coded map "
+        "(\"EAGLE is not supported in decode attention backend kimi_cpu\")",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-tree-mask-mode",
+        "sglang.srt.speculative.eagle_utils.default_tree_mask_mode",
+        "sglang_kimi.cpu.fixes:install_tree_mask_mode",
+        "upstream bug: default_tree_mask_mode() returns QLEN_ONLY on any CPU (the intel_amx layout) while the "
+        "triton backend reads FULL_MASK rows, so EAGLE tree verify on CPU uses a garbage mask; pick the layout by "
+        "the backend that runs TARGET_VERIFY",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-dflash-allowed",
+        "sglang.srt.arg_groups.speculative_hook._handle_dflash",
+        "sglang_kimi.cpu.fixes:install_dflash_on_cpu",
+        "upstream bug: _handle_dflash rejects device cpu (only cuda/npu/xpu pass) although the DFLASH worker has "
+        "torch paths for every step; the rest of its validation still runs",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-dflash-record-stream",
+        "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
+        "sglang_kimi.cpu.fixes:install_dflash_record_stream_guard",
+        "upstream bug: DFlashWorkerV2 calls batch.seq_lens.record_stream(current_stream()) unconditionally "
+        "(RuntimeError: unknown parameter type on CPU); skip it for non-CUDA tensors while that worker runs on CPU",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "input-embeds-model-dtype",
+        "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs",
+        "sglang_kimi.cpu.fixes:install_input_embeds_dtype",
+        "upstream bug: _extend_forward_kwargs casts input_embeds to bfloat16 whatever the model dtype (float32 "
+        "servers fail on DFLASH's draft block, float16 ones round through bf16); cast to the model dtype",
+    ),
+    Entry(
+        "lossless-eagle-sampling",
+        "sglang.srt.speculative.eagle_utils.eagle_sample",
+        "sglang_kimi.workers.eagle_sampling:install_eagle_sampling",
+        "upstream bug: eagle_sample verifies sampled batches greedily on CPU and on ROCm without rejection sampling "
+        "(tree_speculative_sampling_target_only is CUDA-only), so EAGLE trees there follow the target's argmax, not "
+        "its distribution; verify them with the plugin's target-only tree rule (Triton on GPU, torch on CPU)",
+    ),
+    Entry(
+        "lossless-dflash-sampling",
+        "sglang.srt.speculative.dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus",
+        "sglang_kimi.workers.eagle_sampling:install_dflash_sampling",
+        "upstream bug: without the CUDA sampling kernel (ROCm, CPU) DFLASH verifies sampled requests greedily; "
+        "verify the chain with the plugin's lossless target-only rule",
+    ),
+    Entry(
+        "lossless-dflash-sampling-available",
+        "sglang.srt.speculative.dflash_utils.is_dflash_sampling_verify_available",
+        "sglang_kimi.workers.eagle_sampling:install_dflash_sampling_available",
+        "tells the DFLASH worker that sampled verification is available on ROCm and CPU (upstream says no and falls "
+        "back to greedy argmax verification there)",
+    ),
+    Entry(
         "kimi-language-model-only",
         "sglang.srt.server_args.ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES",
         "sglang_kimi.models.install:install_language_model_only_arch",

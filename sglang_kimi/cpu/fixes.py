@@ -22,3 +22,146 @@ def install_absorbed_mla_handler():
             return f"SGLang already has a {backend} handler"
         AttentionBackendRegistry.register(backend, _absorbed_mla)
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Upstream bugs on SGLang's speculative CPU path (see plugin.py's table for the entries).
+
+# Backends whose TARGET_VERIFY reads SGLang's QLEN_ONLY tree mask; every other backend reads FULL_MASK.
+QLEN_ONLY_MASK_BACKENDS = ("intel_amx", "kimi_cpu")
+
+
+def _verify_attention_backend() -> str | None:
+    """The backend that runs TARGET_VERIFY: the decode backend under ``--speculative-attention-mode decode``,
+    the prefill backend otherwise (``HybridAttnBackend._select_backend``)."""
+    from sglang.srt.runtime_context import attention_backends, get_spec
+
+    prefill, decode = attention_backends()
+    return decode if get_spec().speculative_attention_mode == "decode" else prefill
+
+
+def _tree_mask_mode_for_verify_backend(original):
+    """On CPU, QLEN_ONLY only for the backends that read it; FULL_MASK (the GPU layout) for the others."""
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+    from sglang.srt.utils import is_cpu
+
+    if not is_cpu():
+        return original()
+    backend = _verify_attention_backend()
+    return TreeMaskMode.QLEN_ONLY if backend in QLEN_ONLY_MASK_BACKENDS else TreeMaskMode.FULL_MASK
+
+
+def install_tree_mask_mode():
+    """``eagle_utils.default_tree_mask_mode()`` returns QLEN_ONLY whenever the platform is CPU (a layout meant for
+    the intel_amx kernel), but SGLang's other backends read FULL_MASK rows of ``seq_len + N`` cells
+    (``triton_backend.py``): with ``--attention-backend triton`` on CPU the verify reads a garbage mask and greedy
+    speculative output diverges. Pick the layout by the backend that runs TARGET_VERIFY."""
+    from sglang_kimi.plugin import hook, target_of
+
+    hook(target_of("cpu-tree-mask-mode"), _tree_mask_mode_for_verify_backend, "AROUND")
+
+
+class CpuSRTPlatformWithDFlash:
+    """Stands in for SGLang's CPU platform while ``_handle_dflash`` validates a CPU server: it claims DFLASH
+    support (the in-tree check accepts only cuda/npu/xpu) and answers the out-of-tree draft-backend questions
+    with SGLang's in-tree rule (``DRAFT_ATTENTION_BACKEND_CHOICES``), falling back to ``kimi_cpu``. Everything
+    else is the real platform."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm == "DFLASH"
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+        return backend in DRAFT_ATTENTION_BACKEND_CHOICES
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        from sglang_kimi.cpu import KIMI_CPU_BACKEND
+
+        return KIMI_CPU_BACKEND
+
+
+def _handle_dflash_on_cpu(original, server_args):
+    from sglang.srt.arg_groups import speculative_hook
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    platform = speculative_hook.current_platform
+    if resolving_view(server_args).device != "cpu" or platform.is_out_of_tree():
+        return original(server_args)
+    speculative_hook.current_platform = CpuSRTPlatformWithDFlash(platform)
+    try:
+        return original(server_args)
+    finally:
+        speculative_hook.current_platform = platform
+
+
+def install_dflash_on_cpu():
+    """``_handle_dflash`` refuses every device but cuda/npu/xpu (``ValueError: DFLASH speculative decoding is not
+    supported by CpuSRTPlatform on device 'cpu'``) although the DFLASH worker has eager torch paths for all of its
+    steps. On a CPU server, run the whole upstream validation with the platform claiming DFLASH support."""
+    from sglang_kimi.plugin import hook, target_of
+
+    hook(target_of("cpu-dflash-allowed"), _handle_dflash_on_cpu, "AROUND")
+
+
+def _record_stream_cuda_only(self, stream):
+    """``Tensor.record_stream`` as SGLang's ``spec_utils.record_stream_each`` applies it: CUDA tensors only."""
+    import torch
+
+    if self.is_cuda:
+        return torch._C.TensorBase.record_stream(self, stream)
+    return None
+
+
+def _dflash_forward_without_cpu_record_stream(original, self, *args, **kwargs):
+    import torch
+
+    if torch.device(self.device).type != "cpu" or "record_stream" in torch.Tensor.__dict__:
+        return original(self, *args, **kwargs)
+    torch.Tensor.record_stream = _record_stream_cuda_only
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        del torch.Tensor.record_stream  # back to TensorBase.record_stream
+
+
+def install_dflash_record_stream_guard():
+    """``DFlashWorkerV2.forward_batch_generation`` calls ``batch.seq_lens.record_stream(current_stream())``
+    unconditionally; on CPU ``torch.cpu.current_stream()`` is no ``torch.Stream`` (``RuntimeError: unknown
+    parameter type``) and CPU tensors have no stream to record. While that worker runs on a CPU device,
+    ``record_stream`` skips non-CUDA tensors (as ``spec_utils.record_stream_each`` does); other devices and
+    other code are untouched."""
+    from sglang_kimi.plugin import hook, target_of
+
+    hook(target_of("cpu-dflash-record-stream"), _dflash_forward_without_cpu_record_stream, "AROUND")
+
+
+def _extend_kwargs_in_model_dtype(original, self, forward_batch, *args, **kw):
+    kwargs = original(self, forward_batch, *args, **kw)
+    dtype = self.model_config.dtype
+    if forward_batch.input_embeds is None or dtype == kwargs["input_embeds"].dtype:
+        return kwargs
+    embeds = forward_batch.input_embeds.to(dtype)
+    if forward_batch.replace_embeds is not None and forward_batch.replace_positions is not None:
+        embeds[forward_batch.replace_positions] = forward_batch.replace_embeds.to(dtype)
+    kwargs["input_embeds"] = embeds
+    return kwargs
+
+
+def install_input_embeds_dtype():
+    """``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds.bfloat16()`` whatever the model
+    dtype: a float32 server fails (``expected m1 and m2 to have the same dtype ... BFloat16 != float``) on every
+    extend that passes embeddings (DFLASH's draft block), and float16 servers silently round through bf16. Pass
+    the embeddings in the model dtype (unchanged for bf16 models), re-applying the replacement scatter."""
+    from sglang_kimi.plugin import hook, target_of
+
+    hook(target_of("input-embeds-model-dtype"), _extend_kwargs_in_model_dtype, "AROUND")
