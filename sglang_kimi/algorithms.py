@@ -180,6 +180,9 @@ def _resolve_speculative(original, server_args):
     if algorithm in ("DFLASH", "EAGLE3"):
         _check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = _check_pair(cfg, algorithm, cfg.speculative_num_draft_tokens)
+        from sglang_kimi.models.pairing_notes import log_pairing_warnings
+
+        log_pairing_warnings(cfg)  # drafter trained for another Kimi release / quantization: logged, not refused
 
     original(server_args)
 
