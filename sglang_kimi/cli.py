@@ -11,6 +11,7 @@ import signal
 import sys
 
 from sglang_kimi import __version__
+from sglang_kimi.demo import MODES
 
 SERVE_EPILOG = """\
 Every argument not listed above goes to `python -m sglang.launch_server` unchanged. Defaults added when not
@@ -115,15 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="start the embedded tiny Kimi model in real SGLang on CPU and answer a few GSM8K questions",
-        description="The first run: starts the embedded tiny Kimi-K2.6-architecture model in real SGLang, answers "
-        "a few GSM8K questions, prints each answer, tokens/s and the plugin's registration status read back from "
-        "/server_info, then stops the server (also on Ctrl-C).",
+        help="the embedded tiny Kimi model in real SGLang: autoregressive, DFLASH chain and tree, EAGLE3 tree",
+        description="The first run: starts the embedded tiny Kimi-K2.6-architecture model in real SGLang (on CPU "
+        "when there is no GPU), answers a few GSM8K questions autoregressively and prints the answers and the "
+        "plugin's registrations read back from /server_info; then serves the same questions with DFLASH chains, "
+        "DFLASH draft trees (DDTree) and EAGLE3 trees, and prints tau, acceptance by draft position, tokens/s and "
+        "whether every speculative output equals the autoregressive one. Every server is stopped (also on Ctrl-C).",
     )
     demo.add_argument("--questions", type=int, default=3, help="how many GSM8K questions to ask (default 3)")
     demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer (default 96)")
     demo.add_argument("--port", type=int, default=None, help="server port (default: a free port)")
-    demo.add_argument("--log", default=None, help="where to write the server log (default: a temporary file)")
+    demo.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=list(MODES),
+        help="what to run, in order; the first is the reference the others are compared with "
+        f"(default: {' '.join(MODES)})",
+    )
+    demo.add_argument("--log-dir", default=None, help="where to write the servers' logs (default: a temporary folder)")
 
     doctor = sub.add_parser(
         "doctor",

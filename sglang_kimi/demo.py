@@ -1,4 +1,10 @@
-"""``sglang-kimi demo``: the embedded tiny Kimi model in real SGLang, answering GSM8K questions."""
+"""``sglang-kimi demo``: the embedded tiny Kimi model in real SGLang, autoregressive then speculative.
+
+Each mode is a real SGLang server started with the plugin (on this machine's device; on CPU with the plugin's
+``kimi_cpu`` attention backend, which serves every speculative forward mode). The demo asks the same GSM8K
+questions in every mode, prints the autoregressive answers, and for every speculative mode tau, per-position
+acceptance, tokens/s and whether its output equals the autoregressive output token for token.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,39 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
-from sglang_kimi.server import ASSETS_DIR, free_port, plugin_state, require_sglang, start_server
+from sglang_kimi.server import (
+    ASSETS_DIR,
+    TINY_DFLASH,
+    TINY_EAGLE3,
+    free_port,
+    has_gpu,
+    plugin_state,
+    require_sglang,
+    start_server,
+)
 
 DEMO_QUESTIONS = ASSETS_DIR / "gsm8k_demo.jsonl"
 STOP = ["Question:", "\n\n"]
+
+# name -> SGLang arguments (added to the plugin's launch defaults)
+MODES: dict[str, list[str]] = {
+    "autoregressive": [],
+    "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)],
+    "dflash-tree": [
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH),
+        "--speculative-dflash-tree-budget", "16",
+    ],
+    "eagle3-tree": [
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
+        "--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12",
+    ],
+}
+CPU_ARGS = ["--attention-backend", "kimi_cpu"]  # the plugin's CPU backend: chains, trees, drafts
 
 
 def gsm8k_prompt(question: str) -> str:
@@ -29,9 +59,18 @@ class Answer:
     output_ids: list[int]
     seconds: float
 
+
+@dataclass
+class ModeResult:
+    name: str
+    answers: list[Answer] = field(default_factory=list)
+    state: dict = field(default_factory=dict)
+
     @property
     def tokens_per_second(self) -> float:
-        return len(self.output_ids) / self.seconds if self.seconds > 0 else 0.0
+        tokens = sum(len(a.output_ids) for a in self.answers)
+        seconds = sum(a.seconds for a in self.answers)
+        return tokens / seconds if seconds > 0 else 0.0
 
 
 def ask(base_url: str, question: str, max_new_tokens: int) -> Answer:
@@ -58,27 +97,58 @@ def print_registrations(state: dict) -> None:
     registrations = state.get("registrations", {})
     print(f"plugin sglang-kimi {state.get('version', '?')} in the scheduler (pid {state.get('pid', '?')}):")
     for name, outcome in registrations.items():
-        print(f"  {name:<24} {outcome}")
+        print(f"  {name:<26} {outcome}")
     if not registrations:
         print("  NOT LOADED: the scheduler reported no sglang-kimi state")
+
+
+def run_mode(name: str, questions: list[str], args: argparse.Namespace, log_dir: Path) -> ModeResult:
+    sglang_args = MODES[name] + ([] if has_gpu() else CPU_ARGS)
+    log_path = log_dir / f"{name}.log"
+    print(f"\n== {name}: starting SGLang (log: {log_path}) ...", flush=True)
+    result = ModeResult(name)
+    with start_server(sglang_args, port=args.port or free_port(), log_path=log_path) as server:
+        for question in questions:
+            result.answers.append(ask(server.base_url, question, args.max_new_tokens))
+        result.state = plugin_state(server.base_url)
+    return result
+
+
+def format_rates(metrics: dict | None) -> str:
+    if not metrics or not metrics.get("steps"):
+        return "-"
+    return " ".join(f"{rate:.2f}" for rate in metrics["acceptance_rate_per_position"])
+
+
+def print_summary(results: list[ModeResult]) -> None:
+    reference = results[0]
+    print(f"\n{'mode':<15} {'tokens/s':>9} {'tau':>6}  {'= autoregressive':<17} acceptance by draft position")
+    for result in results:
+        metrics = result.state.get("spec_metrics")
+        tau = f"{metrics['tau']:.2f}" if metrics and metrics.get("tau") else "1.00"
+        same = all(a.output_ids == r.output_ids for a, r in zip(result.answers, reference.answers))
+        identical = "reference" if result is reference else ("yes" if same else "NO")
+        print(f"{result.name:<15} {result.tokens_per_second:>9.1f} {tau:>6}  {identical:<17} {format_rates(metrics)}")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     require_sglang()
     questions = load_questions(args.questions)
-    log_path = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="sglang-kimi-demo-")) / "server.log"
-    print(f"starting the tiny Kimi-K2.6 model in SGLang (log: {log_path}) ...", flush=True)
-    with start_server([], port=args.port or free_port(), log_path=log_path) as server:
-        state = plugin_state(server.base_url)
-        print_registrations(state)
-        answers = []
-        for i, question in enumerate(questions, 1):
-            answer = ask(server.base_url, question, args.max_new_tokens)
-            answers.append(answer)
-            print(f"\n[{i}/{len(questions)}] Question: {question}")
-            print(f"Answer: {answer.text}")
-            print(f"({len(answer.output_ids)} tokens, {answer.tokens_per_second:.1f} tokens/s)", flush=True)
-    total_tokens = sum(len(a.output_ids) for a in answers)
-    total_seconds = sum(a.seconds for a in answers)
-    print(f"\n{total_tokens} tokens in {total_seconds:.1f} s: {total_tokens / total_seconds:.1f} tokens/s; server stopped")
-    return 0 if not state.get("failed") and state.get("registrations") else 1
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sglang-kimi-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.modes:
+        result = run_mode(name, questions, args, log_dir)
+        results.append(result)
+        if len(results) == 1:
+            print_registrations(result.state)
+            for i, answer in enumerate(result.answers, 1):
+                print(f"\n[{i}/{len(questions)}] Question: {answer.question}")
+                print(f"Answer: {answer.text}")
+        print(f"{name}: {result.tokens_per_second:.1f} tokens/s; server stopped", flush=True)
+    print_summary(results)
+    failed = any(r.state.get("failed") or not r.state.get("registrations") for r in results)
+    differs = any(
+        a.output_ids != b.output_ids for r in results[1:] for a, b in zip(r.answers, results[0].answers)
+    )
+    return 1 if failed or differs else 0

@@ -141,7 +141,7 @@ def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
     before = set(sglang_processes())
     out = subprocess.run(
         [sys.executable, "-m", "sglang_kimi.cli", "demo", "--questions", "2", "--max-new-tokens", "32",
-         "--log", str(tmp_path / "demo.log")],
+         "--modes", "autoregressive", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=900,
