@@ -228,7 +228,8 @@ def snapshot() -> dict:
 def model_role(model) -> str:
     config = getattr(model, "config", None)
     archs = tuple(getattr(config, "architectures", None) or ())
-    return DRAFT if any(a in DRAFTER_ARCHITECTURES for a in archs) or type(model).__name__ in DRAFTER_ARCHITECTURES else TARGET
+    drafter = any(a in DRAFTER_ARCHITECTURES for a in archs) or type(model).__name__ in DRAFTER_ARCHITECTURES
+    return DRAFT if drafter else TARGET
 
 
 def _is_mla(model) -> bool:
@@ -324,7 +325,9 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
         raise KVScalesError(f"{ENV}={chosen} has no scales for {role} layers {missing}: recalibrate for this model")
     for layer in layers:
         k, v = scales[layer.layer_id]
-        set_layer_scales(layer, max(k, v) if mla else k, max(k, v) if mla else v)
+        if mla:  # one latent row serves K and V
+            k = v = max(k, v)
+        set_layer_scales(layer, k, v)
         state = LayerScale(mla=mla, k_scale=k, v_scale=v, frozen=True)
         _TRACKED[id(layer)] = Tracked(role, layer.layer_id, state, dynamic=False)
     logger.info("sglang-kimi: FP8 KV scales for %d %s layers from %s", len(layers), role, chosen)

@@ -338,3 +338,38 @@ def test_dynamic_and_file_scales_on_sglangs_pools(tmp_path):
     assert r["with_graphs"] == "dynamic refused (CUDA graphs)"
     assert "--disable-cuda-graph" in out.stderr and "calibrate-kv" in out.stderr
     assert r["bf16_dynamic"] == "off"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# calibrate-kv: one error line naming the problem and the fix
+
+
+def _calibrate(capsys, *args) -> tuple[int, str]:
+    from sglang_kimi import cli
+
+    code = cli.main(["calibrate-kv", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err[-1] if err else ""
+
+
+def test_calibrate_kv_errors(capsys, tmp_path):
+    from _fake_servers import serve, sglang_payloads
+
+    from sglang_kimi.server import free_port
+
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_text(json.dumps({"question": "How many?", "answer": "#### 1"}) + "\n")
+    out = str(tmp_path / "s.json")
+    code, line = _calibrate(capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", out, "--data-dir", str(data))
+    assert code == 2 and "no SGLang server answers" in line and "--base-url" in line
+    code, line = _calibrate(capsys, "--base-url", "http://x", "--out", out, "--data-dir", str(tmp_path))
+    assert code == 2 and "has no train.jsonl" in line and "--data-dir" in line
+    payloads = sglang_payloads()
+    with serve(payloads) as url:
+        code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
+        assert code == 2 and "does not run the sglang-kimi plugin" in line
+    payloads[("GET", "/server_info")]["internal_states"] = [{"sglang_kimi": {"kv_scales": {"mode": "dynamic"}}}]
+    with serve(payloads) as url:
+        code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
+        assert code == 2 and "does not record its KV data" in line and "SGLANG_KIMI_KV_SCALES=observe" in line
