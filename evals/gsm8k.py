@@ -128,8 +128,8 @@ def task_manager(task: TaskSpec):
 
     if task.include_path:
         # Index only our folder: the local task includes the stock YAML by absolute path (20 s saved).
-        return TaskManager(include_path=task.include_path, include_defaults=False, verbosity="ERROR")
-    return TaskManager(verbosity="ERROR")
+        return TaskManager(include_path=task.include_path, include_defaults=False)
+    return TaskManager()
 
 
 def _arguments_prompt(sample: dict) -> str:

@@ -1,7 +1,7 @@
 """``sglang-kimi eval gsm8k`` end to end: lm-eval's GSM8K task against real SGLang servers on CPU.
 
 The gate passes for an equivalent candidate, fails (exit 1) against a corrupted copy of the tiny model and
-refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 32 tokens.
+refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
 """
 
 import json
@@ -20,8 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 LIMIT, SEEDS = 8, 2
 SMALL_RUN = ["--data-dir", str(DATA_DIR), "--limit", str(LIMIT), "--seeds", str(SEEDS), "--num-fewshot", "1",
-             "--max-gen-toks", "32", "--num-concurrent", "4"]
+             "--max-gen-toks", "16", "--num-concurrent", "8"]
 LM_HEAD = "language_model.lm_head.weight"
+# Servers started side by side: SGLang sizes its KV cache from the free host memory measured before and after
+# loading weights, so with the CPU default 0.05 another process allocating more than 5% of free RAM meanwhile makes
+# start-up fail. The KV pool stays capped by --max-total-tokens either way.
+MEM = "--mem-fraction-static 0.3"
 
 
 def corrupted_copy(dst: Path) -> Path:
@@ -61,7 +65,8 @@ def variant_servers(tmp_path_factory):
     paths = {"corrupted": corrupted_copy(root / "corrupted"), "shallower": shallower_copy(root / "shallower")}
 
     def start(name):
-        return start_server(["--model-path", str(paths[name])], port=free_port(), log_path=root / f"{name}.log", timeout=900)
+        args = ["--model-path", str(paths[name]), *MEM.split()]
+        return start_server(args, port=free_port(), log_path=root / f"{name}.log", timeout=900)
 
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(start, name) for name in paths}
@@ -83,11 +88,11 @@ def _report(out_dir: Path) -> tuple[dict, str]:
 
 def test_gate_passes_for_an_equivalent_candidate_launched_by_the_command(tmp_path, capsys):
     """--launch: the same tiny model twice, the candidate with another scheduling policy (same computation)."""
-    code = cli.main(["eval", "gsm8k", "--launch", "--candidate-args", "--schedule-policy lpm", *SMALL_RUN,
-                     "--output-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    code = cli.main(["eval", "gsm8k", "--launch", "--baseline-args", MEM, "--candidate-args", f"{MEM} --schedule-policy lpm",
+                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
-    assert code == 0, out[-3000:]
     compared = LIMIT * SEEDS
     assert f"IDENTICAL GENERATIONS: {compared}/{compared} (0 differ)" in out and "VERDICT: PASS" in out
     assert data["verdict"] == "PASS" and data["differing_generations"] == 0 and data["compared_generations"] == compared
@@ -113,9 +118,9 @@ def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, 
     candidate = variant_servers["corrupted"]
     code = cli.main(["eval", "gsm8k", "--baseline", tiny_server.base_url, "--candidate", candidate.base_url,
                      *SMALL_RUN, "--output-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert code == 1, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
-    assert code == 1, out[-3000:]
     assert data["verdict"] == "FAIL" and data["exit_code"] == 1
     assert data["differing_generations"] == LIMIT * SEEDS  # every greedy token moved
     assert data["checks"]["identical_generations"] == {
