@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     publish_cpu_context()
     failed = False
     for arg in argv:

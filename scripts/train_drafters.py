@@ -402,9 +402,10 @@ def main() -> None:
     ap.add_argument("--data-cache", type=Path, help="reuse / write the regenerated text here (.pt)")
     ap.add_argument("--report", type=Path, default=REPO / "bench" / "results" / "bench_tau_training.json")
     ap.add_argument("--tau-prompts", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
     args = ap.parse_args()
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     target = tiny.TinyKimiLM.from_pretrained()
     for p in target.parameters():

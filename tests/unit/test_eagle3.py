@@ -34,9 +34,9 @@ from sglang_kimi.speculators.reference import DraftContext, EagleProposer, TinyT
 
 
 @pytest.fixture(autouse=True, scope="module")
-def two_threads():
+def one_thread():
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, threads))
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
 
