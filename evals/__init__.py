@@ -1,6 +1,6 @@
 """Quality gate and serving benchmark of speculative-decoding configurations (installed as ``sglang_kimi.evals``).
 
-- ``sglang-kimi eval gsm8k``: :mod:`.gsm8k` runs lm-eval's ``gsm8k`` task (:mod:`.tasks`: stock, or the same
+- ``sglang-kimi eval gsm8k``: :mod:`.gsm8k` runs lm-eval's ``gsm8k`` task (:mod:`.gsm8k_task`: stock, or the same
   definition on local JSONL) against a baseline and a candidate server, :mod:`.stats` compares them (paired z),
   :mod:`.report` writes JSON / Markdown.
 - ``sglang-kimi bench``: :mod:`.bench` sweeps concurrency through SGLang's own benchmark code

@@ -163,7 +163,7 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
     from sglang_kimi.evals import report
     from sglang_kimi.evals.gsm8k import run_gate
     from sglang_kimi.evals.servers import check_same_model, launch_pair, probe, split_args
-    from sglang_kimi.evals.tasks import task_spec
+    from sglang_kimi.evals.gsm8k_task import task_spec
 
     cfg = _gate_config(args)
     _check_eval_servers(args)

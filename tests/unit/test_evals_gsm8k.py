@@ -8,7 +8,7 @@ import pytest
 from sglang_kimi.evals import report
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.gsm8k import GateConfig, GateResult, Run, judge, parse_samples, parse_seeds
-from sglang_kimi.evals.tasks import LOCAL_TASK, check_data_dir, render_local_task, stock_gsm8k_yaml
+from sglang_kimi.evals.gsm8k_task import LOCAL_TASK, check_data_dir, render_local_task, stock_gsm8k_yaml
 
 
 
