@@ -207,7 +207,18 @@ class Tracked:
 
 RULE = ScaleRule()
 _TRACKED: dict[int, Tracked] = {}  # id(RadixAttention) -> tracking
+# (role, layer id) -> every RadixAttention of that layer: DeepSeek-style MLA has two (attn_mqa, the absorbed path that
+# writes the latent cache, and attn_mha), which share the layer's cache rows and so its state and scales.
+_SIBLINGS: dict[tuple[str, int], list] = {}
 _MODELS: dict[str, str] = {}
+
+
+def _track(role: str, layers, make_state, dynamic: bool) -> None:
+    states: dict[int, LayerScale] = {}
+    for layer in layers:
+        state = states.setdefault(layer.layer_id, make_state())
+        _TRACKED[id(layer)] = Tracked(role, layer.layer_id, state, dynamic)
+        _SIBLINGS.setdefault((role, layer.layer_id), []).append(layer)
 
 
 def mode() -> str:
@@ -293,11 +304,14 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
     role, mla = model_role(model), _is_mla(model)
     layers = _attention_layers(model)
     _MODELS[role] = type(model).__name__
+    for key in [k for k, t in _TRACKED.items() if t.role == role]:  # a new model of this role replaces the last
+        del _TRACKED[key]
+    for key in [k for k in _SIBLINGS if k[0] == role]:
+        del _SIBLINGS[key]
     if chosen == "off" or (not fp8 and chosen != "observe"):
         return "off"
     if chosen == "observe":
-        for layer in layers:
-            _TRACKED[id(layer)] = Tracked(role, layer.layer_id, LayerScale(mla=mla, freeze=False), dynamic=False)
+        _track(role, layers, lambda: LayerScale(mla=mla, freeze=False), dynamic=False)
         return "observe"
     if fp8 and mla and not _mla_backend_ok(role):
         return "unsupported backend"
@@ -312,7 +326,7 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
             return "dynamic refused (CUDA graphs)"
         for layer in layers:
             set_layer_scales(layer, 1.0, 1.0)
-            _TRACKED[id(layer)] = Tracked(role, layer.layer_id, LayerScale(mla=mla), dynamic=True)
+        _track(role, layers, lambda: LayerScale(mla=mla), dynamic=True)
         return "dynamic"
     scales = read_scales(chosen).get(role)
     if not scales:
@@ -330,6 +344,7 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
         set_layer_scales(layer, k, v)
         state = LayerScale(mla=mla, k_scale=k, v_scale=v, frozen=True)
         _TRACKED[id(layer)] = Tracked(role, layer.layer_id, state, dynamic=False)
+        _SIBLINGS.setdefault((role, layer.layer_id), []).append(layer)
     logger.info("sglang-kimi: FP8 KV scales for %d %s layers from %s", len(layers), role, chosen)
     return "file"
 
@@ -370,7 +385,8 @@ def _observe(
             reencode_(buffer, fp8_dtype, old / new)
     if prescaled:  # MLA under the triton backend: the rows arrive divided by the old scale
         cache_k = cache_k * (incoming_scale / state.k_scale)
-    set_layer_scales(layer, state.k_scale, state.v_scale)
+    for sibling in _SIBLINGS.get((tracked.role, tracked.layer_id), [layer]):
+        set_layer_scales(sibling, state.k_scale, state.v_scale)
     return cache_k, cache_v, True
 
 

@@ -233,14 +233,18 @@ K._mla_backend_ok = lambda role: True  # the triton backend is the scale-aware o
 FP8 = torch.float8_e4m3fn
 
 def model(arch, layers, mla):
+    # attention modules are SGLang RadixAttentions; MLA layers have two, like DeepSeek's attn_mqa (absorbed: writes
+    # the latent cache) and attn_mha, sharing one layer id
     m = torch.nn.Module()
     m.config = types.SimpleNamespace(architectures=[arch], kv_lora_rank=256 if mla else None)
-    attn = []
+    attn, siblings = [], []
     for i in range(layers):
-        a = object.__new__(RadixAttention); torch.nn.Module.__init__(a); a.layer_id = i
-        a.k_scale = a.v_scale = a.k_scale_float = a.v_scale_float = None
-        attn.append(a)
-    m.attn = torch.nn.ModuleList(attn)
+        for copy in range(2 if mla else 1):
+            a = object.__new__(RadixAttention); torch.nn.Module.__init__(a); a.layer_id = i
+            a.k_scale = a.v_scale = a.k_scale_float = a.v_scale_float = None
+            (attn if copy == 0 else siblings).append(a)
+    m.attn = torch.nn.ModuleList(attn + siblings)
+    m.siblings = siblings
     return m, attn
 
 torch.manual_seed(0)
@@ -261,6 +265,7 @@ truth = torch.cat(rows)
 normal = truth.abs() > layer.k_scale_float * 2**-6
 report["mla_rel_err"] = ((stored - truth).abs()[normal] / truth.abs()[normal]).max().item()
 report["mla_v_equals_k"] = layer.v_scale_float == layer.k_scale_float
+report["sibling_scale"] = target.siblings[0].k_scale_float  # attn_mha of layer 0 follows attn_mqa's scale
 # the same writes with SGLang's default (no scales): clipped
 plain = MLATokenToKVPool(size=512, page_size=1, dtype=FP8, kv_lora_rank=256, qk_rope_head_dim=32, layer_num=2,
                          device="cpu", enable_memory_saver=False)
@@ -287,6 +292,8 @@ report["mha_rel_err"] = max(((kb - k).abs() / k.abs().clamp(min=dl.k_scale_float
 snap = K.snapshot()
 report["roles"] = sorted(r for r in ("target", "draft") if r in snap)
 report["target_layers"] = sorted(snap["target"]["layers"])
+report["snapshot_amax"] = snap["target"]["layers"]["0"]["k_amax"]
+report["true_amax"] = truth.abs().max().item()
 
 # --- a scale file: applied at load, frozen, both roles
 path = sys.argv[1]
@@ -325,7 +332,8 @@ def test_dynamic_and_file_scales_on_sglangs_pools(tmp_path):
     r = json.loads(line[len("REPORT="):])
     # MLA: the scale grew with the second batch (250 -> 2000 sigma), the first batch was re-encoded, K == V scale
     first, second = r["mla_scales"]
-    assert second >= 4 * first and r["mla_v_equals_k"]
+    assert second >= 4 * first and r["mla_v_equals_k"] and r["sibling_scale"] == second
+    assert r["snapshot_amax"] == pytest.approx(r["true_amax"], rel=1e-6)  # /server_info reports the written rows
     assert r["mla_rel_err"] <= 2**-4 + 1e-6, r  # e4m3 relative precision over the whole cache, both batches
     assert r["unscaled_abs_err"] > 1000  # SGLang's default scale 1.0 clips the same rows at 448
     # MHA drafter: K and V each get their own scale
