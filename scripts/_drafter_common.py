@@ -46,6 +46,22 @@ def rope_cos_sin(model: tiny.TinyKimiLM, positions: torch.Tensor, dtype: torch.d
     return (freqs.cos() * model.cos_scale).to(dtype)[:, None], (freqs.sin() * model.cos_scale).to(dtype)[:, None]
 
 
+class StaticCache:
+    """One layer's preallocated K [b, h, capacity, dk] / V buffers, filled left to right (no per-step copies)."""
+
+    def __init__(self, b: int, heads: int, capacity: int, dk: int, dv: int, dtype: torch.dtype) -> None:
+        self.k = torch.empty(b, heads, capacity, dk, dtype=dtype)
+        self.v = torch.empty(b, heads, capacity, dv, dtype=dtype)
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.length + k.shape[2]
+        self.k[:, :, self.length : n] = k
+        self.v[:, :, self.length : n] = v
+        self.length = n
+        return self.k[:, :, :n], self.v[:, :, :n]
+
+
 def _mla(attn: tiny.MLA, x, cos, sin, mask, past):
     b, s, _ = x.shape
     q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x))).view(b, s, attn.nh, -1).transpose(1, 2)
@@ -56,7 +72,9 @@ def _mla(attn: tiny.MLA, x, cos, sin, mask, past):
     q = torch.cat([q_nope, _rotate(q_rot, cos, sin)], dim=-1)
     k_rot = _rotate(k_rot[:, None], cos, sin).expand(b, attn.nh, s, attn.rope)
     k = torch.cat([k_nope, k_rot], dim=-1)
-    if past is not None:
+    if isinstance(past, StaticCache):  # write into the preallocated buffer, attend to its filled part
+        k, v = past.append(k, v)
+    elif past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=attn.scale)
     return attn.o_proj(o.transpose(1, 2).reshape(b, s, attn.nh * attn.vdim)), (k, v)
@@ -69,9 +87,11 @@ def masked_forward(
     positions: torch.Tensor,
     mask: torch.Tensor,
     cache: KVCache | None = None,
+    last_logits_only: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor], KVCache]:
-    """input_ids / positions [b, s]; mask bool [b, s, P + s] (P cached keys first) -> (logits [b, s, V],
-    residual stream [embeddings, after layer 0, ..., after layer L-1] each [b, s, H], the extended cache)."""
+    """input_ids / positions [b, s]; mask bool [b, s, P + s] (P cached keys first) -> (logits [b, s, V] (or
+    [b, 1, V] for the last row), residual stream [embeddings, after layer 0, ..., after layer L-1] each [b, s, H],
+    the extended cache)."""
     dtype = model.embed_tokens.weight.dtype
     x = model.embed_tokens(input_ids)
     cos, sin = rope_cos_sin(model, positions, dtype)
@@ -83,6 +103,8 @@ def masked_forward(
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden.append(x)
         new_cache.append(kv)
+    if last_logits_only:
+        x = x[:, -1:]
     return model.lm_head(model.norm(x)), hidden, new_cache
 
 
@@ -145,19 +167,24 @@ def generate_greedy(
     left-padded, with a KV cache."""
     b = len(prompts)
     longest = max(len(p) for p in prompts)
+    t = model.config
+    dtype = model.embed_tokens.weight.dtype
+    cache = [StaticCache(b, t["num_attention_heads"], longest + max_new_tokens,
+                         t["qk_nope_head_dim"] + t["qk_rope_head_dim"], t["v_head_dim"], dtype)
+             for _ in model.layers]  # fmt: skip
     pad = torch.tensor([longest - len(p) for p in prompts])
     ids = torch.tensor([[pad_id] * (longest - len(p)) + list(p) for p in prompts])
     positions = (torch.arange(longest)[None] - pad[:, None]).clamp(min=0)
     valid = torch.arange(longest)[None] >= pad[:, None]  # [b, P]: real (non-pad) keys
     mask = torch.ones(longest, longest, dtype=torch.bool).tril()[None] & valid[:, None, :]
     mask |= torch.eye(longest, dtype=torch.bool)[None]  # pad rows see themselves (no empty softmax)
-    logits, _, cache = masked_forward(model, ids, positions, mask)
+    logits, _, _ = masked_forward(model, ids, positions, mask, cache, last_logits_only=True)
     out = [logits[:, -1].argmax(-1)]
     pos = positions[:, -1]
     for _ in range(max_new_tokens - 1):
         pos = pos + 1
         valid = torch.cat([valid, torch.ones(b, 1, dtype=torch.bool)], dim=1)
-        logits, _, cache = masked_forward(model, out[-1][:, None], pos[:, None], valid[:, None, :], cache)
+        logits, _, _ = masked_forward(model, out[-1][:, None], pos[:, None], valid[:, None, :], cache)
         out.append(logits[:, -1].argmax(-1))
     return torch.stack(out, dim=1).tolist()
 

@@ -300,9 +300,33 @@ def test_trained_drafter_accepts_tokens_losslessly():
     layers = model.config.resolve_target_layer_ids()
     taus = []
     for prompt in gsm8k_test_prompts(2):
-        ar = generate(common.tiny_target(target_model), prompt, 40)
-        spec = generate(common.tiny_target(target_model, layers), prompt, 40,
+        ar = generate(common.CachedTarget(target_model), prompt, 40)
+        spec = generate(common.CachedTarget(target_model, layers), prompt, 40,
                         proposer=ChainProposer(drafter=model.block_drafter(), num_draft_tokens=7))  # fmt: skip
         assert spec.tokens == ar.tokens
         taus.append(spec.tau)
     assert sum(taus) / len(taus) > 1.5, taus
+
+
+def test_compact_target_matches_hf_reference():
+    """The benchmark's target (compact TinyKimiLM through _drafter_common, with and without its prefix cache)
+    equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
+    import _drafter_common as common
+
+    from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.reference import causal_mask, hf_target, tree_verify_inputs
+    from sglang_kimi.speculators.trees import build_ddtree
+
+    hf, _ = tiny.load_hf_reference(dtype=torch.float32)
+    compact = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)
+    layers = [1, 3, 4]
+    tokens = torch.tensor(gsm8k_test_prompts(1)[0][:24])
+    tree = build_ddtree(tokens[-1:], torch.randn(1, 4, tiny.VOCAB_SIZE, generator=torch.Generator().manual_seed(0)), 9)
+    ids, pos, mask = tree_verify_inputs(tokens, tree)
+    ref = hf_target(hf, layers)(ids, pos, mask)
+    cached = common.CachedTarget(compact, layers)
+    cached(tokens[None, :-3], torch.arange(21)[None], causal_mask(21, tokens.device))  # fill the prefix cache
+    for target in (common.tiny_target(compact, layers), cached):
+        out = target(ids, pos, mask)
+        assert torch.allclose(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(out.hidden_states, ref.hidden_states, atol=1e-4, rtol=1e-4)

@@ -369,9 +369,9 @@ def test_trained_drafter_accepts_tokens_losslessly():
     layers = model.config.resolve_target_layer_ids(6)
     taus = []
     for prompt in gsm8k_test_prompts(2):
-        ar = generate(common.tiny_target(target_model), prompt, 40)
+        ar = generate(common.CachedTarget(target_model), prompt, 40)
         proposer = EagleProposer(drafter=model.step_drafter(), num_steps=3, topk=1, num_draft_tokens=4)
-        spec = generate(common.tiny_target(target_model, layers), prompt, 40, proposer=proposer)
+        spec = generate(common.CachedTarget(target_model, layers), prompt, 40, proposer=proposer)
         assert spec.tokens == ar.tokens
         taus.append(spec.tau)
     assert sum(taus) / len(taus) > 1.5, taus
