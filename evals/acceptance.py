@@ -1,7 +1,8 @@
 """Speculative-decoding acceptance read from a server's ``/server_info``.
 
 - ``tau``: SGLang's ``internal_states[0]["avg_spec_accept_length"]``, output tokens per verify step over the
-  server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation.
+  server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation,
+  and until SGLang's scheduler first logs decode statistics (its totals are updated at those log steps).
 - the plugin's counters, ``internal_states[0]["sglang_kimi"]["spec_metrics"]``, cumulative since start-up:
   ``drafted_per_position[i]`` / ``accepted_per_position[i]``: decode steps that drafted position ``i + 1`` /
   accepted at least ``i + 1`` draft tokens (list index 0 = the first token after the bonus);
@@ -28,18 +29,18 @@ def snapshot(server_info: dict) -> dict:
     state = scheduler_state(server_info)
     metrics = (state.get("sglang_kimi") or {}).get("spec_metrics")
     if isinstance(metrics, dict):
-        metrics = {k: [float(x) for x in metrics[k]] for k in COUNTERS if isinstance(metrics.get(k), list)}
+        metrics = {k: list(metrics[k]) for k in COUNTERS if isinstance(metrics.get(k), list)}
     else:
         metrics = None
     tau = state.get("avg_spec_accept_length")
     return {"tau": float(tau) if tau is not None else None, "spec_metrics": metrics or None}
 
 
-def _minus(after: list[float], before: list[float]) -> list[float]:
+def _minus(after: list[int], before: list[int]) -> list[int]:
     # [n] - [m], the shorter padded with zeros (positions can appear as the draft length grows)
     n = max(len(after), len(before))
-    a = after + [0.0] * (n - len(after))
-    b = before + [0.0] * (n - len(before))
+    a = after + [0] * (n - len(after))
+    b = before + [0] * (n - len(before))
     return [x - y for x, y in zip(a, b)]
 
 

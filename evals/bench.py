@@ -144,6 +144,7 @@ def _stats(result: dict, metric: str) -> dict:
 def summarize_level(concurrency: int, rows: int, result: dict, before: dict, after: dict) -> dict:
     """Our record of one level from SGLang's result dict and two acceptance snapshots."""
     errors = [e for e in result.get("errors", []) if e]
+    acc = acceptance.level_acceptance(before, after)
     return {
         "concurrency": concurrency,
         "requests": rows,
@@ -158,8 +159,10 @@ def summarize_level(concurrency: int, rows: int, result: dict, before: dict, aft
         "tpot_ms": _stats(result, "tpot"),
         "itl_ms": _stats(result, "itl"),
         "e2e_ms": _stats(result, "e2e_latency"),
-        "tau": after["tau"],  # server lifetime, SGLang's avg_spec_accept_length
-        "acceptance": acceptance.level_acceptance(before, after),
+        # tau of this level from the plugin's counters, else SGLang's lifetime average (None without speculation)
+        "tau": acc["tau_level"] if acc and acc["tau_level"] is not None else after["tau"],
+        "tau_sglang_lifetime": after["tau"],  # avg_spec_accept_length: since start-up, updated at SGLang's log steps
+        "acceptance": acc,
         "first_error": errors[0][:500] if errors else None,
     }
 
@@ -266,12 +269,14 @@ def table(levels: list[dict], baseline: list[dict] | None) -> str:
 
 
 def _check_bench_servers(args: argparse.Namespace) -> None:
-    if args.launch and (args.base_url or args.baseline_url):
-        raise EvalError("--launch starts the server(s): drop --base-url / --baseline-url, or drop --launch")
+    if args.launch and args.base_url:
+        raise EvalError("--launch starts the server: drop --base-url, or drop --launch")
     if not args.launch and not args.base_url:
         raise EvalError("give --base-url URL (a running SGLang server) or --launch to start one here")
     if not args.launch and (args.model_path or args.server_args or args.baseline_args is not None):
         raise EvalError("--model-path / --server-args / --baseline-args only apply with --launch")
+    if args.baseline_url and args.baseline_args is not None:
+        raise EvalError("give the baseline once: --baseline-url (running) or --baseline-args (launched)")
 
 
 def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
@@ -290,7 +295,9 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
             print(f"starting {' and '.join(specs)} (logs in {out_dir}) ...", flush=True)
             urls = launch_pair(specs, stack, out_dir, timeout=args.launch_timeout)
         else:
-            urls = {"server": args.base_url} | ({"baseline": args.baseline_url} if args.baseline_url else {})
+            urls = {"server": args.base_url}
+        if args.baseline_url:
+            urls["baseline"] = args.baseline_url
         server = probe(urls["server"])
         baseline = probe(urls["baseline"]) if "baseline" in urls else None
         if baseline:

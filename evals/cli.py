@@ -46,6 +46,8 @@ counters in /server_info (n/a without speculative decoding).
 examples:
   sglang-kimi bench --base-url http://host:30001 --baseline-url http://host:30000 --data-dir /data/gsm8k
   sglang-kimi bench --launch --server-args "--speculative-algorithm DFLASH ..." --baseline-args "" --preset gsm8k
+  sglang-kimi bench --launch --server-args "--attention-backend kimi_cpu --speculative-algorithm DFLASH \
+      --speculative-draft-model-path DRAFTER" --baseline-url http://127.0.0.1:30000 --data-dir /data/gsm8k  # CPU
 """
 
 
@@ -206,7 +208,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    servers = p.add_argument_group("servers (give --base-url, or --launch)")
+    servers = p.add_argument_group("servers (give --base-url or --launch; a baseline by --baseline-url or --baseline-args)")
     servers.add_argument("--base-url", metavar="URL", help="running SGLang server to benchmark")
     servers.add_argument("--baseline-url", metavar="URL", help="side by side: the same sweep against this server")
     servers.add_argument("--launch", action="store_true", help="start the server(s) here with the plugin's launcher")

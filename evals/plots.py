@@ -77,10 +77,14 @@ def plot_acceptance(data: dict, path: Path) -> Path:
         ax.set_yticks([])
     else:
         width = 0.8 / len(levels)
+        depth = max(len(lv["acceptance"]["acceptance_per_position"]) for lv in levels)
         for j, lv in enumerate(levels):
             rates = [r if r is not None else 0.0 for r in lv["acceptance"]["acceptance_per_position"]]
             xs = [i + 1 + (j - (len(levels) - 1) / 2) * width for i in range(len(rates))]
-            ax.bar(xs, rates, width=width, label=f"concurrency {lv['concurrency']}")
+            tau = lv["acceptance"].get("tau_level")
+            label = f"concurrency {lv['concurrency']}" + (f" (tau {tau:.2f})" if tau is not None else "")
+            ax.bar(xs, rates, width=width, label=label)
+        ax.set_xticks(range(1, depth + 1))
         ax.set_xlabel("draft position (1 = first draft token)")
         ax.set_ylabel("acceptance rate (accepted / drafted)")
         ax.set_ylim(0, 1)

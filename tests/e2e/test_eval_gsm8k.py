@@ -1,7 +1,7 @@
 """``sglang-kimi eval gsm8k`` end to end: lm-eval's GSM8K task against real SGLang servers on CPU.
 
-The gate passes for an equivalent candidate, fails (exit 1) against a corrupted copy of the tiny model and
-refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
+The gate passes for a DFLASH speculative candidate (lossless: greedy generations identical to the baseline's),
+fails (exit 1) against a corrupted copy of the tiny model and refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
 """
 
 import json
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from drafters import write_dflash
 from sglang_kimi import cli
-from sglang_kimi.server import TINY_MODEL, free_port, start_server
+from sglang_kimi.server import ASSETS_DIR, TINY_MODEL, free_port, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +27,8 @@ LM_HEAD = "language_model.lm_head.weight"
 # loading weights, so with the CPU default 0.05 another process allocating more than 5% of free RAM meanwhile makes
 # start-up fail. The KV pool stays capped by --max-total-tokens either way.
 MEM = "--mem-fraction-static 0.3"
+KIMI_CPU = "--attention-backend kimi_cpu"  # the plugin's CPU backend, which serves speculative decoding
+TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 
 
 def corrupted_copy(dst: Path) -> Path:
@@ -86,18 +89,19 @@ def _report(out_dir: Path) -> tuple[dict, str]:
     return json.loads((out_dir / "gsm8k_gate.json").read_text()), (out_dir / "gsm8k_gate.md").read_text()
 
 
-def test_gate_passes_for_an_equivalent_candidate_launched_by_the_command(tmp_path, capsys):
-    """--launch: the same tiny model twice, the candidate with another scheduling policy (same computation)."""
-    code = cli.main(["eval", "gsm8k", "--launch", "--baseline-args", MEM, "--candidate-args", f"{MEM} --schedule-policy lpm",
-                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, capsys):
+    """--launch: the tiny model without and with DFLASH speculative decoding (same attention backend)."""
+    drafter = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(tmp_path / "dflash")
+    dflash = f"--speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
+    code = cli.main(["eval", "gsm8k", "--launch", "--baseline-args", f"{MEM} {KIMI_CPU}",
+                     "--candidate-args", f"{MEM} {KIMI_CPU} {dflash}", *SMALL_RUN, "--output-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
     compared = LIMIT * SEEDS
     assert f"IDENTICAL GENERATIONS: {compared}/{compared} (0 differ)" in out and "VERDICT: PASS" in out
     assert data["verdict"] == "PASS" and data["differing_generations"] == 0 and data["compared_generations"] == compared
-    assert "--schedule-policy lpm" in data["candidate"]["launch_command"]
-    assert "--schedule-policy" not in data["baseline"]["launch_command"]
+    assert data["candidate"]["speculative"].startswith("DFLASH") and data["baseline"]["speculative"] == "none"
     assert data["task"]["name"] == "gsm8k_local" and data["config"]["identical_required"] is True
     for name in ("flexible-extract", "strict-match"):
         comp = data["comparisons"][name]
@@ -112,6 +116,7 @@ def test_gate_passes_for_an_equivalent_candidate_launched_by_the_command(tmp_pat
     hashes = {r["seed"]: {a["doc_id"]: a["prompt_hash"] for a in r["answers"]} for r in runs if r["role"] == "baseline"}
     assert hashes[1234] != hashes[1235]
     assert md.startswith("# GSM8K gate: PASS") and f"**IDENTICAL GENERATIONS: {compared}/{compared}" in md
+    assert "| speculative decoding | none | DFLASH" in md
 
 
 def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, tmp_path, capsys):

@@ -83,6 +83,15 @@ def test_acceptance_of_a_level_is_the_counter_difference():
     assert after["tau"] == 1.9
 
 
+def test_level_tau_comes_from_the_counters_else_from_sglang():
+    before = acceptance.snapshot(_info([10, 10], [6, 3], [4, 3, 3]))
+    after = acceptance.snapshot(_info([20, 20], [14, 7], [6, 7, 7], tau=1.9))
+    level = summarize_level(1, 2, _sglang_result(), before, after)
+    assert level["tau"] == pytest.approx(2.2) and level["tau_sglang_lifetime"] == 1.9
+    sglang_only = {"tau": 1.7, "spec_metrics": None}
+    assert summarize_level(1, 2, _sglang_result(), sglang_only, sglang_only)["tau"] == 1.7
+
+
 def test_acceptance_without_speculation_or_after_a_reset():
     plain = {"internal_states": [{}]}
     assert acceptance.snapshot(plain) == {"tau": None, "spec_metrics": None}

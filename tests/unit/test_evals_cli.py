@@ -164,6 +164,8 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--base-url", "http://127.0.0.1:1", "--concurrency", "one"], "--concurrency one"),
         ([], "give --base-url"),
         (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
+        (["--launch", "--baseline-url", "http://127.0.0.1:1", "--baseline-args", ""], "give the baseline once"),
+        (["--base-url", "http://127.0.0.1:1", "--server-args", "--tp 2"], "only apply with --launch"),
     ],
 )
 def test_bench_bad_flags(capsys, tmp_path, argv, message):
