@@ -355,35 +355,53 @@ def train_eagle3(args, target, seqs: list[dict]) -> tuple[eagle3.Eagle3Drafter, 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def quick_tau(target_model, drafter_dir_dflash: Path, drafter_dir_eagle: Path, n: int, new_tokens: int) -> dict:
+def quick_tau(target_model, dirs: dict[str, Path], n: int, new_tokens: int) -> dict:
     """Greedy tau of the saved (bf16) drafters on the first n GSM8K test prompts; asserts losslessness."""
-    d = dflash.DFlashDrafter.from_pretrained(drafter_dir_dflash)
-    d.attach_target(target_model.embed_tokens.weight, target_model.lm_head.weight)
-    e = eagle3.Eagle3Drafter.from_pretrained(drafter_dir_eagle)
-    e.attach_target(target_model.embed_tokens.weight)
-    e_layers = e.config.resolve_target_layer_ids(target_model.config["num_hidden_layers"])
-    out = {}
+    runs = {}
+    if "dflash" in dirs:
+        d = dflash.DFlashDrafter.from_pretrained(dirs["dflash"])
+        d.attach_target(target_model.embed_tokens.weight, target_model.lm_head.weight)
+        runs["dflash_chain"] = (
+            d.config.resolve_target_layer_ids(),
+            lambda: ChainProposer(drafter=d.block_drafter(), num_draft_tokens=d.config.block_size - 1),
+        )
+    if "eagle3" in dirs:
+        e = eagle3.Eagle3Drafter.from_pretrained(dirs["eagle3"])
+        e.attach_target(target_model.embed_tokens.weight)
+        runs["eagle3_chain"] = (
+            e.config.resolve_target_layer_ids(target_model.config["num_hidden_layers"]),
+            lambda: EagleProposer(drafter=e.step_drafter(), num_steps=3, topk=1, num_draft_tokens=4),
+        )
+    out: dict[str, list[float]] = {}
     for prompt in common.gsm8k_prompts("test", n):
-        ar = generate(common.tiny_target(target_model), prompt, new_tokens).tokens
-        runs = {
-            "dflash_chain": (d.config.resolve_target_layer_ids(), ChainProposer(drafter=d.block_drafter(),
-                                                                                num_draft_tokens=d.config.block_size - 1)),
-            "eagle3_chain": (e_layers, EagleProposer(drafter=e.step_drafter(), num_steps=3, topk=1, num_draft_tokens=4)),
-        }  # fmt: skip
+        ar = generate(common.CachedTarget(target_model), prompt, new_tokens).tokens
         for name, (layers, proposer) in runs.items():
-            res = generate(common.tiny_target(target_model, layers), prompt, new_tokens, proposer=proposer)
+            res = generate(common.CachedTarget(target_model, layers), prompt, new_tokens, proposer=proposer())
             assert res.tokens == ar, f"{name} is not lossless"
             out.setdefault(name, []).append(res.tau)
-    return {k: sum(v) / len(v) for k, v in out.items()}
+    return {k: sum(v) / len(v) for k, v in out.items()}  # fmt: skip
+
+
+def merge_report(path: Path, update: dict) -> None:
+    """Update the JSON report in place (the two drafters may be trained by separate processes)."""
+    report = json.loads(path.read_text()) if path.exists() else {}
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(report.get(key), dict):
+            report[key].update(value)
+        else:
+            report[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=3000, help="GSM8K train questions to regenerate")
+    ap.add_argument("--prompts", type=int, default=2000, help="GSM8K train questions to regenerate")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--gen-batch", type=int, default=64)
     ap.add_argument("--minutes", type=float, default=20.0, help="training wall time per drafter")
-    ap.add_argument("--only", choices=["dflash", "eagle3"])
+    ap.add_argument("--only", choices=["dflash", "eagle3"], help="train one drafter (the other's folder is kept)")
+    ap.add_argument("--regenerate-only", action="store_true", help="stop after writing --data-cache")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8, help="sequences per training step")
     ap.add_argument("--block-size", type=int, default=8)
@@ -411,59 +429,59 @@ def main() -> None:
     for p in target.parameters():
         p.requires_grad_(False)
     tokenizer = common.load_tokenizer()
-    report: dict = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    names = [args.only] if args.only else ["dflash", "eagle3"]
+    report: dict = {"target": str(tiny.TINY_MODEL_DIR.relative_to(REPO))}
 
     t0 = time.time()
     if args.data_cache and args.data_cache.exists():
         seqs = torch.load(args.data_cache)
         print(f"regenerated text: {len(seqs)} sequences from {args.data_cache}")
     else:
-        print(f"regenerating {args.prompts} GSM8K train answers x {args.new_tokens} tokens")
+        print(f"regenerating {args.prompts} GSM8K train answers x {args.new_tokens} tokens", flush=True)
         seqs = regenerate(target, tokenizer, args.prompts, args.new_tokens, args.gen_batch, args.seed)
+        report["regenerate_seconds"] = round(time.time() - t0, 1)
         if args.data_cache:
             torch.save(seqs, args.data_cache)
-    report["regenerate_seconds"] = round(time.time() - t0, 1)
+    report["num_sequences"] = len(seqs)
+    report["num_generated_tokens"] = sum(len(s["ids"]) - s["prompt_len"] for s in seqs)
     print("sample:", repr(tokenizer.decode(seqs[len(seqs) // 2]["ids"])[-300:]))
+    if args.regenerate_only:
+        merge_report(args.report, report)
+        return
     t0 = time.time()
     extract_features(target, seqs, batch=32)
     report["features_seconds"] = round(time.time() - t0, 1)
-    report["num_sequences"] = len(seqs)
-    report["num_generated_tokens"] = sum(len(s["ids"]) - s["prompt_len"] for s in seqs)
 
-    dirs = {"dflash": args.out_dir / "tiny-kimi-k2.6-dflash", "eagle3": args.out_dir / "tiny-kimi-k2.6-eagle3"}
-    if args.only != "eagle3":
-        print("training DFlash")
-        model, rep = train_dflash(args, target, seqs)
-        model.save_pretrained(dirs["dflash"])
-        rep["asset_bytes"] = (dirs["dflash"] / "model.safetensors").stat().st_size
-        report["dflash"] = rep
-    if args.only != "dflash":
-        print("training EAGLE3")
-        model, rep = train_eagle3(args, target, seqs)
-        model.save_pretrained(dirs["eagle3"])
-        rep["asset_bytes"] = (dirs["eagle3"] / "model.safetensors").stat().st_size
-        report["eagle3"] = rep
+    dirs = {name: args.out_dir / f"tiny-kimi-k2.6-{name}" for name in names}
+    trainers = {"dflash": train_dflash, "eagle3": train_eagle3}
+    for name in names:
+        print(f"training {name}", flush=True)
+        model, rep = trainers[name](args, target, seqs)
+        model.save_pretrained(dirs[name])
+        rep["asset_bytes"] = (dirs[name] / "model.safetensors").stat().st_size
+        rep["history"] = rep["history"][-20:]
+        rep["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        report[name] = rep
     del seqs
 
-    print("loading the saved drafters with SGLang's loaders")
+    print("loading the saved drafters with SGLang's loaders", flush=True)
     check = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "_drafter_sglang_check.py"), *map(str, dirs.values())],
         capture_output=True,
         text=True,
         check=False,
     )
-    report["sglang_check_ok"] = check.returncode == 0
     print(check.stdout[-3000:])
     if check.returncode:
         print(check.stderr[-3000:])
-    if dirs["dflash"].exists() and dirs["eagle3"].exists() and args.tau_prompts:
-        report["quick_tau"] = quick_tau(target, dirs["dflash"], dirs["eagle3"], args.tau_prompts, args.new_tokens)
-        print("quick tau:", report["quick_tau"])
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    for name in ("dflash", "eagle3"):
-        if name in report:
-            report[name]["history"] = report[name]["history"][-20:]
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    for name in names:
+        report[name]["sglang_loader_check_ok"] = check.returncode == 0
+    if args.tau_prompts:
+        taus = quick_tau(target, dirs, args.tau_prompts, args.new_tokens)
+        print("quick tau:", taus)
+        for name, tau in taus.items():
+            report[name.split("_")[0]][f"quick_tau_{name}_{args.tau_prompts}_prompts"] = tau
+    merge_report(args.report, report)
     print(f"report: {args.report}")
 
 

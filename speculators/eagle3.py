@@ -163,7 +163,9 @@ class Eagle3Config:
             has_target_hidden_size=target_hidden is not None,
             fc_norm=bool(d.get("fc_norm") or d.get("use_aux_norm")),
             norm_output=bool(d.get("norm_output", False)),
-            norm_before_fc=bool(ec.get("norm_before_fc", d.get("norm_before_fc", False))),
+            # LlamaForCausalLMEagle3 only: SGLang's MLA draft has no input_norm
+            norm_before_fc=arch == "LlamaForCausalLMEagle3"
+            and bool(ec.get("norm_before_fc", d.get("norm_before_fc", False))),
             fc_bias=bool(d.get("bias", False)),
             lm_head_from_target=draft_vocab is None,
             rms_norm_eps=_get(d, "rms_norm_eps", float, 1e-6),
