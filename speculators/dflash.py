@@ -481,8 +481,7 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, ctx, ctx_cos, ctx_sin, cos, sin, mask) -> torch.Tensor:
-        ctx_kv = self.self_attn.context_kv(ctx, ctx_cos, ctx_sin)  # the ctx rows are NOT input-normed
+    def forward(self, x, ctx_kv, cos, sin, mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx_kv, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -558,12 +557,26 @@ class DFlashDrafter(nn.Module):
         column; ctx columns first) or None for "everything visible" (the inference step).
         Returns the normed hidden states [B, S, H] (feed :meth:`logits`).
         """
-        rope = self.config.rope()
-        cos, sin = rope.cos_sin(positions)
-        ctx_cos, ctx_sin = rope.cos_sin(ctx_positions)
+        return self.forward_with_context_kv(noise_embeds, self.context_kv(ctx, ctx_positions), positions, mask)
+
+    def context_kv(self, ctx: torch.Tensor, ctx_positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, K/V [B, C, Hkv, D] of projected context rows (the ctx rows are NOT input-normed); a row's
+        K/V depends on its own features and position only, so it can be computed once per committed token."""
+        cos, sin = self.config.rope().cos_sin(ctx_positions)
+        return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward_with_context_kv(
+        self,
+        noise_embeds: torch.Tensor,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` with the context already materialized per layer (:meth:`context_kv`)."""
+        cos, sin = self.config.rope().cos_sin(positions)
         x = noise_embeds
-        for layer in self.layers:
-            x = layer(x, ctx, ctx_cos, ctx_sin, cos, sin, mask)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, kv, cos, sin, mask)
         return self.norm(x)
 
     @torch.no_grad()
@@ -574,13 +587,16 @@ class DFlashDrafter(nn.Module):
         num_positions: int | None = None,
         *,
         start: int | None = None,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Per-position draft logits of one block (``reference/algorithms.md`` 1.2).
 
         target_hidden [C, K * H]: the captured target features of the committed tokens before the root (positions
         0..C-1); root: the last committed token (the bonus), at position ``start`` (default C); the block is
         ``[root, mask x num_positions]`` (num_positions defaults to block_size - 1) and is fully visible to itself
-        and to the context. Returns logits [num_positions, V] float32: row k-1 drafts the token at start + k.
+        and to the context. ``ctx_kv``: the context already materialized (:meth:`context_kv` of the C rows), in
+        which case target_hidden is not read. Returns logits [num_positions, V] float32: row k-1 drafts the token
+        at start + k.
         """
         cfg = self.config
         n = cfg.block_size - 1 if num_positions is None else int(num_positions)
@@ -589,27 +605,46 @@ class DFlashDrafter(nn.Module):
                 f"num_positions must be in [1, {cfg.block_size - 1}] (block_size {cfg.block_size}), got {n}"
             )
         device = self.fc.weight.device
-        c = target_hidden.shape[0]
+        if ctx_kv is None:
+            c = target_hidden.shape[0]
+            ctx = self.project_context(target_hidden.to(device))[None]  # [1, C, H]
+            ctx_kv = self.context_kv(ctx, torch.arange(c, device=device)[None])
+        c = ctx_kv[0][0].shape[1]
         start = c if start is None else int(start)
         root = torch.as_tensor(root, device=device).reshape(1).long()
         block = torch.cat([root, torch.full((n,), cfg.mask_token_id, dtype=torch.long, device=device)])
-        ctx = self.project_context(target_hidden.to(device))[None]  # [1, C, H]
-        hidden = self(
-            self.embed(block)[None],
-            ctx,
-            torch.arange(start, start + n + 1, device=device)[None],
-            torch.arange(c, device=device)[None],
-        )
+        positions = torch.arange(start, start + n + 1, device=device)[None]
+        hidden = self.forward_with_context_kv(self.embed(block)[None], ctx_kv, positions)
         return self.logits(hidden[0, 1:])  # [n, V]
 
     def block_drafter(self) -> Callable[[DraftContext, int], torch.Tensor]:
         """``(DraftContext, L) -> logits [L, V]``: plug into ``ChainProposer(drafter=...)`` or
-        ``DDTreeProposer(drafter=...)``; L must be <= block_size - 1 (SGLang: num_draft_tokens = L + 1)."""
+        ``DDTreeProposer(drafter=...)``; L must be <= block_size - 1 (SGLang: num_draft_tokens = L + 1).
 
+        Like SGLang's draft KV cache, the context K/V of committed tokens is materialized once: rows already
+        seen (same features) are reused, only newly committed tokens are projected.
+        """
+        cache: dict[str, Any] = {"hidden": None, "kv": None}
+
+        @torch.no_grad()
         def drafter(context: DraftContext, length: int) -> torch.Tensor:
-            if context.hidden_states is None:
+            hidden = context.hidden_states
+            if hidden is None:
                 raise ValueError("DFlash needs the target's captured hidden states (capture target_layer_ids)")
-            return self.draft_block(context.hidden_states, context.tokens[-1], length).to(context.tokens.device)
+            device = self.fc.weight.device
+            old = cache["hidden"]
+            keep = 0
+            if old is not None and old.shape[0] <= hidden.shape[0] and torch.equal(old, hidden[: old.shape[0]]):
+                keep = old.shape[0]
+            new_rows = hidden[keep:].to(device)
+            new_kv = self.context_kv(self.project_context(new_rows)[None],
+                                     torch.arange(keep, hidden.shape[0], device=device)[None])  # fmt: skip
+            if keep:
+                new_kv = [(torch.cat([k0, k1], dim=1), torch.cat([v0, v1], dim=1))
+                          for (k0, v0), (k1, v1) in zip(cache["kv"], new_kv)]  # fmt: skip
+            cache.update(hidden=hidden, kv=new_kv)
+            logits = self.draft_block(hidden, context.tokens[-1], length, ctx_kv=new_kv)
+            return logits.to(context.tokens.device)
 
         return drafter
 

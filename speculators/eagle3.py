@@ -455,18 +455,30 @@ class Eagle3Drafter(nn.Module):
         """[..., H] -> draft-vocab logits [..., draft_vocab_size] float32."""
         return self.lm_head(normed).float()
 
-    def extend(self, target_hidden: torch.Tensor, next_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KV]:
-        """Draft extend over committed rows: (h_i, t_{i+1}) at positions i = 0..N-1, causal.
+    def extend(
+        self,
+        target_hidden: torch.Tensor,
+        next_tokens: torch.Tensor,
+        *,
+        start: int = 0,
+        past_kv: KV | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """Draft extend over committed rows: (h_i, t_{i+1}) at positions i, causal.
 
-        target_hidden [N, n * Ht] of t_0..t_{N-1}; next_tokens [N] = t_1..t_N. Returns (draft logits of the last
-        row [draft_vocab] (drafts t_{N+1}), its next-step h [H], the K/V of all N rows [1, N, ...]).
+        target_hidden [N, n * Ht] of t_0..t_{N-1}; next_tokens [N] = t_1..t_N. With ``start`` > 0 the rows
+        0..start-1 are given by ``past_kv`` (their K/V, [1, start, ...]) and only rows start..N-1 are computed.
+        Returns (draft logits of the last row [draft_vocab] (drafts t_{N+1}), its next-step h [H], the K/V of all
+        N rows [1, N, ...]).
         """
         n = target_hidden.shape[0]
         device = self.fc.weight.device
-        positions = torch.arange(n, device=device)[None]
-        mask = torch.ones((n, n), dtype=torch.bool, device=device).tril()[None]
-        normed, h, kv = self(self.embed(next_tokens.to(device))[None], target_hidden.to(device)[None], positions,
-                             None, mask)  # fmt: skip
+        rows = n - start
+        positions = torch.arange(start, n, device=device)[None]
+        mask = torch.ones((rows, n), dtype=torch.bool, device=device).tril(diagonal=start)[None]
+        embeds = self.embed(next_tokens[start:].to(device))[None]
+        normed, h, kv = self(embeds, target_hidden[start:].to(device)[None], positions, past_kv, mask)
+        if past_kv is not None:
+            kv = (torch.cat([past_kv[0], kv[0]], dim=1), torch.cat([past_kv[1], kv[1]], dim=1))
         return self.logits(normed[0, -1]), h[0, -1], kv
 
     # -- the reference loop ----------------------------------------------------------------------------------
@@ -480,7 +492,18 @@ class Eagle3Drafter(nn.Module):
         path. Probabilities are softmax over the draft vocabulary scattered to target ids through d2t (d2t is
         increasing, so ties keep SGLang's order).
         """
-        state: dict[str, Any] = {"context": None}
+        state: dict[str, Any] = {"context": None, "tokens": None}
+
+        def reusable_rows(state: dict, tokens: torch.Tensor, hidden: torch.Tensor) -> int:
+            """Committed rows (h_i, t_{i+1}) of the previous extend that are unchanged (SGLang keeps their KV)."""
+            old_tokens, old_hidden = state["tokens"], state.get("hidden")
+            if old_tokens is None:
+                return 0
+            rows = old_tokens.shape[0] - 1
+            if rows > hidden.shape[0] or not torch.equal(old_tokens, tokens[: rows + 1]):
+                return 0
+            rows = rows if torch.equal(old_hidden, hidden[:rows]) else 0
+            return min(rows, hidden.shape[0] - 1)  # at least the newest row is computed
 
         @torch.no_grad()
         def drafter(context: DraftContext, paths: torch.Tensor) -> torch.Tensor:
@@ -489,10 +512,12 @@ class Eagle3Drafter(nn.Module):
             vocab = self.config.vocab_size
             token_map = self.token_map
             device = self.fc.weight.device
-            if state["context"] is not context:  # a new propose(): draft extend over the committed rows
-                tokens = context.tokens.to(device)
-                logits, h, kv = self.extend(context.hidden_states, tokens[1:])
-                state.update(context=context, ctx_kv=kv, num_rows=tokens.shape[0] - 1,
+            if state["context"] is not context:  # a new propose(): draft extend over the new committed rows
+                tokens, hidden = context.tokens.to(device), context.hidden_states.to(device)
+                keep = reusable_rows(state, tokens, hidden)
+                past = tuple(t[:, :keep] for t in state["ctx_kv"]) if keep else None
+                logits, h, kv = self.extend(hidden, tokens[1:], start=keep, past_kv=past)
+                state.update(context=context, ctx_kv=kv, num_rows=tokens.shape[0] - 1, tokens=tokens, hidden=hidden,
                              paths={(int(tokens[-1]),): (logits, h, None)})  # fmt: skip
             cache = state["paths"]
             k, length = paths.shape

@@ -260,6 +260,25 @@ def test_lossless_with_random_drafter(proposer_kind):
     assert spec.tokens == ar.tokens
 
 
+def test_block_drafter_materializes_each_committed_token_once():
+    """The adapter reuses the context K/V of tokens it has seen; its logits equal a from-scratch draft_block."""
+    target = TinyTarget(vocab_size=32, hidden_size=16, num_layers=3, capture_layer_ids=(0, 1, 2), seed=3)
+    model = attach_tiny_target(randomize(DFlashDrafter(DFlashConfig.from_dict(scaled_dflash())), 1), target)
+    incremental = model.block_drafter()
+    calls = []
+
+    def both(context, length):
+        a = incremental(context, length)
+        b = model.draft_block(context.hidden_states, context.tokens[-1], length)
+        assert torch.allclose(a, b, atol=1e-5)
+        calls.append(context.hidden_states.shape[0])
+        return a
+
+    prompt = torch.randint(0, 30, (12,), generator=torch.Generator().manual_seed(0))
+    generate(target, prompt, 12, proposer=ChainProposer(drafter=both, num_draft_tokens=5))
+    assert len(calls) > 2 and calls == sorted(calls)
+
+
 def test_block_drafter_needs_features():
     model, _ = drafter_and_context()
     with pytest.raises(ValueError, match="captured hidden states"):
@@ -312,10 +331,10 @@ def test_compact_target_matches_hf_reference():
     """The benchmark's target (compact TinyKimiLM through _drafter_common, with and without its prefix cache)
     equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
     import _drafter_common as common
-
-    from sglang_kimi.models import tiny
     from sglang_kimi.speculators.reference import causal_mask, hf_target, tree_verify_inputs
     from sglang_kimi.speculators.trees import build_ddtree
+
+    from sglang_kimi.models import tiny
 
     hf, _ = tiny.load_hf_reference(dtype=torch.float32)
     compact = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)

@@ -375,3 +375,25 @@ def test_trained_drafter_accepts_tokens_losslessly():
         assert spec.tokens == ar.tokens
         taus.append(spec.tau)
     assert sum(taus) / len(taus) > 1.5, taus
+
+
+def test_step_drafter_reuses_committed_rows_exactly():
+    """Across proposes the adapter computes only newly committed rows (SGLang keeps the draft KV of the others);
+    its probabilities match a fresh adapter's (a full draft extend) at every call of a whole generation."""
+    target = TinyTarget(vocab_size=32, hidden_size=16, num_layers=3, capture_layer_ids=(0, 1, 2), seed=5)
+    model = randomize(Eagle3Drafter(Eagle3Config.from_dict(scaled_eagle3(EAGLE3_GQA))), 2)
+    model.set_vocab_map(torch.arange(0, 32)[torch.arange(32) % 4 != 1])
+    model.attach_target(target.embed.data)
+    incremental = model.step_drafter()
+    fresh = {"context": None, "adapter": None}
+
+    def both(context, paths):
+        if fresh["context"] is not context:
+            fresh.update(context=context, adapter=model.step_drafter())
+        a, b = incremental(context, paths), fresh["adapter"](context, paths)
+        assert torch.allclose(a, b, atol=1e-6)
+        return a
+
+    prompt = torch.randint(0, 30, (10,), generator=torch.Generator().manual_seed(1))
+    out = generate(target, prompt, 12, proposer=EagleProposer(drafter=both, num_steps=3, topk=2, num_draft_tokens=5))
+    assert out.tokens == generate(target, prompt, 12).tokens
