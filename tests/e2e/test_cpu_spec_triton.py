@@ -1,0 +1,52 @@
+"""SGLang's own Triton attention backend serving EAGLE3 trees on CPU, through Triton's interpreter, in float32.
+
+This is the path ``cpu-tree-mask-mode`` fixes: SGLang builds QLEN_ONLY tree masks on CPU while the Triton verify
+kernel reads FULL_MASK rows, so without the hook the verify attends under a garbage mask and greedy output
+diverges. The interpreter runs every Triton launch in Python (about 100x slower than compiled), so: one prompt,
+16 tokens, compared with the non-speculative server's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, plugin_state, start_server
+
+from drafters import write_eagle3
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = (
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?\nAnswer:"
+)
+TOKENS = 16
+TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
+
+
+def generate(url: str, max_new_tokens: int = TOKENS) -> dict:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+    response = requests.post(url + "/generate", json=body, timeout=3600)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch):
+    reference = generate(tiny_server.base_url)["output_ids"]
+    drafter = TRAINED_EAGLE3 if (TRAINED_EAGLE3 / "config.json").exists() else write_eagle3(tmp_path / "e3", kind="lens")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the server processes only (Triton is decorated here)
+    server = start_server(
+        ["--attention-backend", "triton", "--speculative-algorithm", "EAGLE3",
+         "--speculative-draft-model-path", str(drafter), "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"],
+        port=free_port(), log_path=tmp_path / "server.log", timeout=1800,
+    )
+    try:
+        assert plugin_state(server.base_url)["registrations"]["cpu-tree-mask-mode"] == "ok"
+        out = generate(server.base_url)
+        assert out["output_ids"] == reference, "EAGLE3 tree on triton (CPU) differs from the non-speculative output"
+        assert out["meta_info"]["spec_verify_ct"] > 0
+    finally:
+        server.stop()
+    assert not group_alive(server.pgid)
