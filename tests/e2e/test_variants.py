@@ -11,17 +11,26 @@ folder and served at the same time (start-up dominates the runtime):
 
 Tolerance: |logprob(SGLang) - logprob(reference)| < 1e-3 for every prompt and generated token (float32 on both
 sides; measured ~2e-6), and the greedy continuation equals the reference's.
+
+The ``int4`` server also runs with ``SGLANG_KIMI_KV_SCALES=observe``: ``sglang-kimi calibrate-kv`` is run against
+it and the per-layer maxima it writes are checked against the latent rows the reference computes for the same
+tokens (and observing must not change the served logprobs).
 """
 
+import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 import torch
 
+from sglang_kimi import cli, kv_calibration
+from sglang_kimi.models import kv_scales
 from sglang_kimi.models.quant import formats
-from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
-from sglang_kimi.server import free_port, group_alive, plugin_state, start_server
+from sglang_kimi.models.tiny import TINY_MODEL_DIR, TinyKimiLM, load_hf_reference
+from sglang_kimi.server import LaunchError, ServerProcess, group_alive, launch_command, plugin_state
 
 pytestmark = pytest.mark.e2e
 
@@ -32,19 +41,44 @@ PROMPT = (
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?\nAnswer:"
 )
+DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+HEALTH_CHECK_IDS = [0]  # SGLang's /health generates one token from input_ids [0]: that row is observed too
 FALLBACK_LOG = {"int4": "SGLang has no INT4 compressed-tensors kernel for cpu",
                 "mxfp4": "SGLang has no MXFP4 Quark kernel for cpu"}
+
+
+def _distinct_free_ports(n: int) -> list[int]:
+    """``n`` free ports, distinct (the servers start at the same time: one free_port() each could repeat)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @pytest.fixture(scope="module")
 def variant_servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("variants")
     paths = {name: formats.write_named_variant(TINY_MODEL_DIR, root / name, name) for name in VARIANTS}
+    ports = dict(zip(VARIANTS, _distinct_free_ports(len(VARIANTS))))
 
     def launch(name):
-        # a larger static fraction than the default 0.05: weights are dequantized after the memory baseline
-        args = ["--model-path", str(paths[name]), "--mem-fraction-static", "0.3"]
-        return start_server(args, port=free_port(), log_path=root / f"{name}.log", timeout=START_TIMEOUT)
+        # SGLang's CPU memory check reads the machine's free memory before and after loading, so servers started
+        # together see each other's allocations: a high static fraction keeps that slack small (the KV pool is
+        # capped by the CPU default --max-total-tokens anyway)
+        spec = launch_command(["--model-path", str(paths[name]), "--mem-fraction-static", "0.85"], port=ports[name])
+        if name == "int4":
+            spec.env[kv_scales.ENV] = "observe"
+        server = ServerProcess(spec, root / f"{name}.log")
+        try:
+            server.wait_ready(START_TIMEOUT)
+        except LaunchError:
+            server.stop()
+            raise
+        return server
 
     with ThreadPoolExecutor(len(VARIANTS)) as pool:
         futures = {name: pool.submit(launch, name) for name in VARIANTS}
@@ -62,6 +96,61 @@ def variant_servers(tmp_path_factory):
         for server in servers.values():
             server.stop()
             assert not group_alive(server.pgid)
+
+
+def _latent_amax(model: TinyKimiLM, sequences: list[list[int]]) -> list[float]:
+    """Per layer, max |x| over the MLA cache rows [normed latent | roped key] the reference computes for every
+    token of ``sequences`` (what SGLang writes to its latent KV cache)."""
+    amax = [0.0] * len(model.layers)
+    for ids in sequences:
+        x = model.embed_tokens(torch.tensor([ids]))
+        cos, sin = model.rope(len(ids), x.dtype)
+        for i, layer in enumerate(model.layers):
+            attn, h = layer.self_attn, layer.input_layernorm(x)
+            kv_nope, k_rot = attn.kv_a_proj_with_mqa(h).split([attn.kv_lora, attn.rope], dim=-1)
+            row = torch.cat([attn.kv_a_layernorm(kv_nope), attn.rotate(k_rot.unsqueeze(1), cos, sin)[:, 0]], -1)
+            amax[i] = max(amax[i], row.abs().max().item())
+            x = layer(x, cos, sin)
+    return amax
+
+
+def test_calibrate_kv_records_the_real_latent_maxima(variant_servers, tmp_path, capsys):
+    """Runs first on the int4 server (observe mode): before it, only SGLang's health check wrote KV rows."""
+    server, path, _ = variant_servers["int4"]
+    out = tmp_path / "kv_scales.json"
+    argv = ["calibrate-kv", "--base-url", server.base_url, "--out", str(out), "--data-dir", str(DATA_DIR),
+            "--num-prompts", "3", "--max-new-tokens", "8", "--concurrency", "3"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "calibrated on 3 prompts" in printed and "kv_scales.json" in printed
+    doc = json.loads(out.read_text())
+    assert doc["format"] == kv_scales.FORMAT and "draft" not in doc
+    layers = doc["target"]["layers"]
+    assert sorted(layers, key=int) == [str(i) for i in range(6)]
+    assert kv_scales.read_scales(out)["target"].keys() == set(range(6))
+
+    # the same prompts again (greedy: identical tokens), to know every token the server wrote
+    prompts = kv_calibration.calibration_prompts(DATA_DIR, 3)
+    _, sequences = kv_calibration.calibrate(server.base_url, prompts, max_new_tokens=8)
+    with torch.no_grad():
+        model = TinyKimiLM.from_pretrained(formats.dequantize_checkpoint(path, tmp_path / "reference"))
+        expected = _latent_amax(model, [s[:-1] for s in sequences] + [HEALTH_CHECK_IDS])  # last token: never written
+    for i, e in enumerate(expected):
+        entry = layers[str(i)]
+        assert entry["mla"] and entry["k_amax"] == entry["v_amax"]
+        assert abs(entry["k_amax"] - e) <= 1e-3 * e, (i, entry["k_amax"], e)
+        assert entry["k_scale"] == entry["v_scale"] == kv_scales.RULE.scale(entry["k_amax"])
+        assert entry["k_amax"] * kv_scales.RULE.headroom / entry["k_scale"] <= kv_scales.FP8_E4M3_MAX
+    assert json.loads(out.read_text())["target"]["layers"]["0"]["tokens"] > 0
+
+
+def test_calibrate_kv_refuses_a_server_that_does_not_observe(variant_servers, tmp_path, capsys):
+    server = variant_servers["mxfp4"][0]
+    argv = ["calibrate-kv", "--base-url", server.base_url, "--out", str(tmp_path / "x.json"), "--data-dir",
+            str(DATA_DIR), "--num-prompts", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "does not record its KV data" in err and "SGLANG_KIMI_KV_SCALES=observe" in err
 
 
 def _reference(path, tmp_path):
@@ -99,7 +188,7 @@ def test_variant_logprobs_match_the_dequantized_reference(variant_servers, name,
     error = (got - expected).abs().max().item()
     print(f"{name}: max |logprob - reference| = {error:.2e} over {len(got)} tokens")
     assert error < LOGPROB_TOLERANCE, error
-    greedy = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+    greedy = reference[len(ids) - 1 : -1].argmax(-1).tolist()  # teacher-forced argmax = the reference's greedy
     assert greedy == out["output_ids"]
 
 

@@ -252,3 +252,10 @@ def test_make_variants_script(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "mxfp4" in printed and "mxfp4-reference" in printed
     assert (tmp_path / "mxfp4" / "tokenizer.json").exists() and (tmp_path / "mxfp4-reference" / "config.json").exists()
+
+
+def test_quant_package_ships_in_the_wheel():
+    import tomllib
+
+    pyproject = tomllib.loads((TINY_MODEL_DIR.parents[2] / "pyproject.toml").read_text())
+    assert "sglang_kimi.models.quant" in pyproject["tool"]["setuptools"]["packages"]
