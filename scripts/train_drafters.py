@@ -108,6 +108,11 @@ def pad_batch(seqs: list[dict], slots: list[int]) -> tuple[torch.Tensor, torch.T
     return ids, feats, torch.tensor([len(s["ids"]) for s in seqs])
 
 
+def autocast(args):
+    """bf16 autocast for the drafter's forward (AMX / AVX512-BF16 matmuls); weights and optimizer stay fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+
+
 class Schedule:
     """Linear warmup then cosine decay to 10 % over the planned steps."""
 
@@ -232,10 +237,11 @@ def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, 
         blk = torch.arange(n) // block
         own = (blk[:, None] == blk[None, :])[None].expand(s, n, n)
         mask = torch.cat([ctx_vis, own], dim=2)
-        ctx = model.project_context(feats)
-        hidden = model(model.embed(block_ids.flatten(1)), ctx, pos.flatten(1), torch.arange(t).expand(s, t), mask)
-        hidden = hidden.view(s, anchors_per_seq, block, -1)[:, :, 1:]
-        logits = model.logits(hidden)  # [S, n, B-1, V]
+        with autocast(args):
+            ctx = model.project_context(feats)
+            hidden = model(model.embed(block_ids.flatten(1)), ctx, pos.flatten(1), torch.arange(t).expand(s, t), mask)
+            hidden = hidden.view(s, anchors_per_seq, block, -1)[:, :, 1:]
+            logits = model.logits(hidden)  # [S, n, B-1, V] float32
         ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
         w = decay[None, None, :] * label_ok
         loss = (ce * w).sum() / w.sum()
@@ -253,6 +259,65 @@ def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, 
 # ---------------------------------------------------------------------------------------------------------------
 # EAGLE3
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def ttt_step(model: eagle3.Eagle3Drafter, embeds, hidden, positions, kv: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training-time-test step of the EAGLE3 layer: ``Eagle3Drafter.forward`` with the TTT mask, computed
+    without materializing it. Step 0 is causal over its own rows; step j >= 1 lets row i see step-0 rows <= i and
+    its own rows of steps 1..j (a diagonal per step), as the drafter sees its ancestors at inference. ``kv``
+    accumulates each step's (K, V) [B, T, heads, D]."""
+    layer = model.midlayer
+    attn = layer.self_attn
+    if hidden.shape[-1] != embeds.shape[-1]:
+        hidden = model.project(hidden)
+    residual = hidden
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+    q, k, v = attn.qkv(x, positions)  # [B, T, heads, D]
+    groups = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    kv.append((k, v))
+    qt = q.transpose(1, 2)  # [B, h, T, D]
+    k0, v0 = (t.transpose(1, 2) for t in kv[0])
+    if len(kv) == 1:
+        o = F.scaled_dot_product_attention(qt, k0, v0, is_causal=True, scale=attn.scale)
+    else:
+        rows = q.shape[1]
+        s0 = (qt @ k0.transpose(-1, -2)) * attn.scale  # [B, h, T, T]
+        s0 = s0.masked_fill(~torch.ones(rows, rows, dtype=torch.bool).tril(), float("-inf"))
+        sd = torch.stack([(q * kj).sum(-1).transpose(1, 2) for kj, _ in kv[1:]], dim=-1) * attn.scale  # [B,h,T,j]
+        p = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(qt.dtype)
+        o = p[..., :rows] @ v0
+        for n, (_, vj) in enumerate(kv[1:]):
+            o = o + p[..., rows + n, None] * vj.transpose(1, 2)
+    out = attn.out(o.transpose(1, 2))
+    residual = out + residual
+    out = layer.mlp(layer.post_attention_layernorm(residual)) + residual
+    normed = model.norm(out)
+    return normed, (normed if model.config.norm_output else out)
+
+
+@torch.no_grad()
+def check_ttt_step(model: eagle3.Eagle3Drafter, seqs: list[dict], slots: list[int], steps: int = 3) -> None:
+    """ttt_step equals Eagle3Drafter.forward under the explicit TTT mask (fp32), before training starts."""
+    ids, feats, _ = pad_batch(seqs, slots)
+    s, t = ids.shape
+    rows = t - 1
+    i = torch.arange(rows)
+    causal = torch.ones(rows, rows, dtype=torch.bool).tril()[None].expand(s, -1, -1)
+    diag = torch.eye(rows, dtype=torch.bool)[None].expand(s, -1, -1)
+    h_ref = h_new = feats[:, :rows]
+    kv_ref: list = []
+    kv_new: list = []
+    for j in range(steps):
+        embeds = model.embed(ids[:, (i + 1 + j).clamp(max=t - 1)])
+        positions = (i + j)[None].expand(s, -1)
+        past = None if j == 0 else tuple(torch.cat(t, dim=1) for t in zip(*kv_ref))
+        mask = torch.cat([causal] + [diag] * j, dim=2)  # step-0 rows causal, then one diagonal per later step
+        normed_ref, h_ref, step_kv = model(embeds, h_ref, positions, past, mask)
+        kv_ref.append(step_kv)
+        normed_new, h_new = ttt_step(model, embeds, h_new, positions, kv_new)
+        err = (normed_ref - normed_new).abs().max().item()
+        assert err < 1e-4, f"ttt_step differs from the drafter's forward at step {j}: {err}"
 
 
 def eagle3_config(args, aux_ids) -> eagle3.Eagle3Config:
@@ -308,35 +373,28 @@ def train_eagle3(args, target, seqs: list[dict]) -> tuple[eagle3.Eagle3Drafter, 
         s, t = ids.shape
         prompt_len = torch.tensor([b["prompt_len"] for b in batch])
         with torch.no_grad():  # teacher: the target's distribution at every position, on the draft vocab
-            normed = target.norm(final)
-            full_arg = target.lm_head(normed).argmax(-1)  # [S, T]
-            teacher = torch.softmax(F.linear(normed, head_w).float(), dim=-1)  # [S, T, Vd]
-            teacher_ok = t2d[full_arg]
+            teacher = torch.softmax(F.linear(target.norm(final), head_w).float(), dim=-1)  # [S, T, Vd]
+            # the text is the target's greedy output, so its argmax at position p is token p+1
+            nxt = torch.cat([ids[:, 1:], torch.full((s, 1), tiny.PAD_ID)], dim=1)
+            teacher_ok = t2d[nxt] & (torch.arange(t)[None] < lengths[:, None] - 1)
         rows = t - 1  # row i = (h_i, t_{i+1}) at position i
         i = torch.arange(rows)
-        causal = torch.ones(rows, rows, dtype=torch.bool).tril()[None].expand(s, -1, -1)
-        diag = torch.eye(rows, dtype=torch.bool)[None].expand(s, -1, -1)
         hidden = feats[:, :rows]
-        past_k, past_v = [], []
-        masks = [causal]
+        kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         total = 0.0
         metrics = {}
         for j in range(ttt):
             tok_pos = (i + 1 + j).clamp(max=t - 1)
             embeds = model.embed(ids[:, tok_pos])
             positions = (i + j)[None].expand(s, -1)
-            past = None if j == 0 else (torch.cat(past_k, dim=1), torch.cat(past_v, dim=1))
-            mask = torch.cat(masks, dim=2)
-            normed_d, hidden, (k, v) = model(embeds, hidden, positions, past, mask)
-            past_k.append(k)
-            past_v.append(v)
-            masks = [causal] + [diag] * (j + 1)
+            with autocast(args):
+                normed_d, hidden = ttt_step(model, embeds, hidden, positions, kv)
+                draft_logits = model.logits(normed_d)  # float32
             # row i at step j drafts token i+2+j from the target's distribution at position i+1+j
             tpos = i + 1 + j
-            ok = (tpos[None] < lengths[:, None]) & (tpos[None] >= prompt_len[:, None])
+            ok = (tpos[None] >= prompt_len[:, None]) & teacher_ok[:, tpos.clamp(max=t - 1)]
             tp = tpos.clamp(max=t - 1)
-            ok &= teacher_ok[:, tp]
-            logp = torch.log_softmax(model.logits(normed_d), dim=-1)
+            logp = torch.log_softmax(draft_logits, dim=-1)
             ce = -(teacher[:, tp] * logp).sum(-1)
             loss_j = (ce * ok).sum() / ok.sum().clamp(min=1)
             total = total + (0.8**j) * loss_j
@@ -345,6 +403,7 @@ def train_eagle3(args, target, seqs: list[dict]) -> tuple[eagle3.Eagle3Drafter, 
                 metrics[f"acc{j}"] = float(hit.sum() / ok.sum().clamp(min=1))
         return total, metrics
 
+    check_ttt_step(model, seqs[:2], slots)
     report = train_loop("eagle3", step_fn, list(model.parameters()), args.minutes, args.eagle_lr, args.seed)
     report["draft_vocab_coverage"] = coverage
     return model.eval(), report
@@ -415,12 +474,13 @@ def main() -> None:
     ap.add_argument("--eagle-intermediate", type=int, default=512)
     ap.add_argument("--eagle-lr", type=float, default=2e-3)
     ap.add_argument("--draft-vocab", type=int, default=1024)
-    ap.add_argument("--ttt", type=int, default=6, help="EAGLE3 training-time-test unroll")
+    ap.add_argument("--ttt", type=int, default=5, help="EAGLE3 training-time-test unroll (the tree depth)")
     ap.add_argument("--out-dir", type=Path, default=ASSETS, help="parent folder of the two drafter folders")
     ap.add_argument("--data-cache", type=Path, help="reuse / write the regenerated text here (.pt)")
     ap.add_argument("--report", type=Path, default=REPO / "bench" / "results" / "bench_tau_training.json")
     ap.add_argument("--tau-prompts", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train the forward in fp32")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
