@@ -260,3 +260,29 @@ def test_missing_or_invalid_fields():
 def test_missing_config_file(tmp_path):
     with pytest.raises(DrafterConfigError, match="no config.json"):
         validate_pair(kimi(), tmp_path)
+
+
+def test_embedded_drafters_load_with_sglang_loaders():
+    """SGLang's own config reader, parse_dflash_draft_config and model classes (DFlashDraftModel,
+    LlamaForCausalLMEagle3) load the embedded drafters: every SGLang parameter receives a checkpoint tensor, the
+    fused tensors, RoPE cache, context K/V and hot_token_id equal ours (scripts/_drafter_sglang_check.py)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from _drafter_helpers import REPO
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed")
+    if not (DFLASH_ASSET / "model.safetensors").exists() or not (EAGLE3_ASSET / "model.safetensors").exists():
+        pytest.skip("drafter assets not built")
+    script = REPO / "scripts" / "_drafter_sglang_check.py"
+    run = subprocess.run(
+        [sys.executable, str(script), str(DFLASH_ASSET), str(EAGLE3_ASSET)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.count('"ok": true') == 2
