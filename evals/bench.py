@@ -82,7 +82,11 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
         seed=args.seed,
         cpu=cpu,
     )
-    for flag, value in (("--input-len", cfg.input_len), ("--output-len", cfg.output_len), ("--num-prompts", cfg.num_prompts or 1)):
+    for flag, value in (
+        ("--input-len", cfg.input_len),
+        ("--output-len", cfg.output_len),
+        ("--num-prompts", cfg.num_prompts or 1),
+    ):
         if value < 1:
             raise EvalError(f"{flag} {value}: give 1 or more")
     if cfg.output_len < 2:
@@ -112,7 +116,9 @@ def gsm8k_questions(data_dir: str | None) -> list[str]:
 
         return list(datasets.load_dataset("openai/gsm8k", "main", split="test")["question"])
     except Exception as exc:
-        raise EvalError(f"cannot load openai/gsm8k ({type(exc).__name__}): pass --data-dir with GSM8K's test.jsonl") from None
+        raise EvalError(
+            f"cannot load openai/gsm8k ({type(exc).__name__}): pass --data-dir with GSM8K's test.jsonl"
+        ) from None
 
 
 def gsm8k_prompt(question: str) -> str:
@@ -128,7 +134,9 @@ def make_rows(serving, tokenizer, cfg: BenchConfig, concurrency: int, questions:
         import numpy as np
 
         np.random.seed(cfg.seed + concurrency)
-        return sglang_bench.random_rows(serving, tokenizer, input_len=cfg.input_len, output_len=cfg.output_len, num_prompts=n)
+        return sglang_bench.random_rows(
+            serving, tokenizer, input_len=cfg.input_len, output_len=cfg.output_len, num_prompts=n
+        )
     rng = random.Random(cfg.seed + concurrency)
     picked = [questions[rng.randrange(len(questions))] for _ in range(n)]
     return sglang_bench.text_rows(serving, tokenizer, [gsm8k_prompt(q) for q in picked], cfg.output_len)
@@ -180,7 +188,9 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
     try:
         tokenizer = serving.get_tokenizer(tokenizer_path)
     except Exception as exc:
-        raise EvalError(f"cannot load the tokenizer {tokenizer_path} ({type(exc).__name__}): pass --tokenizer PATH") from None
+        raise EvalError(
+            f"cannot load the tokenizer {tokenizer_path} ({type(exc).__name__}): pass --tokenizer PATH"
+        ) from None
     questions = gsm8k_questions(cfg.data_dir) if cfg.dataset == "gsm8k" else None
     levels = []
     for c in cfg.concurrency:
@@ -197,8 +207,13 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
         before = acceptance.snapshot(_server_info(server.url))
         try:
             result = sglang_bench.run_level(
-                serving, base_url=server.url, model_id=server.served_model_name, tokenizer=tokenizer, rows=rows,
-                concurrency=c, args=args,
+                serving,
+                base_url=server.url,
+                model_id=server.served_model_name,
+                tokenizer=tokenizer,
+                rows=rows,
+                concurrency=c,
+                args=args,
             )
         except ValueError as exc:  # SGLang raises ValueError when every warm-up request fails
             raise EvalError(f"{server.url}: {str(exc)[:300]}") from None
@@ -224,7 +239,9 @@ def speedups(levels: list[dict], baseline: list[dict]) -> list[dict]:
         out.append(
             {
                 "concurrency": lv["concurrency"],
-                "throughput_speedup": lv["output_throughput"] / b["output_throughput"] if b["output_throughput"] else None,
+                "throughput_speedup": lv["output_throughput"] / b["output_throughput"]
+                if b["output_throughput"]
+                else None,
                 "tpot_speedup": b["tpot_ms"]["mean"] / lv["tpot_ms"]["mean"] if lv["tpot_ms"]["mean"] else None,
             }
         )
@@ -250,8 +267,11 @@ def table(levels: list[dict], baseline: list[dict] | None) -> str:
         row += [_fmt(f[k]) for k in ("mean", "p50", "p99")] + [_fmt(lv["tau"], ".2f")]
         if baseline:
             b, r = base.get(lv["concurrency"]), ratios.get(lv["concurrency"], {})
-            row += [_fmt(b["output_throughput"] if b else None), _fmt(r.get("throughput_speedup"), ".2f") + "x",
-                    _fmt(r.get("tpot_speedup"), ".2f") + "x"]
+            row += [
+                _fmt(b["output_throughput"] if b else None),
+                _fmt(r.get("throughput_speedup"), ".2f") + "x",
+                _fmt(r.get("tpot_speedup"), ".2f") + "x",
+            ]
         rows.append(row)
     widths = [max(len(c), *(len(r[k]) for r in rows)) for k, c in enumerate(cols)]
     lines = ["(times in ms)", "  ".join(c.rjust(w) for c, w in zip(cols, widths))]

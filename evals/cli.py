@@ -84,12 +84,20 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     servers.add_argument("--candidate", metavar="URL", help="running SGLang server under test")
     servers.add_argument("--launch", action="store_true", help="start both servers here with the plugin's launcher")
     servers.add_argument("--model-path", help="with --launch: model of both servers (default: the embedded tiny model)")
-    servers.add_argument("--baseline-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the baseline")
-    servers.add_argument("--candidate-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the candidate")
-    servers.add_argument("--launch-timeout", type=float, default=900, help="seconds to wait for launched servers (default 900)")
+    servers.add_argument(
+        "--baseline-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the baseline"
+    )
+    servers.add_argument(
+        "--candidate-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the candidate"
+    )
+    servers.add_argument(
+        "--launch-timeout", type=float, default=900, help="seconds to wait for launched servers (default 900)"
+    )
 
     run = p.add_argument_group("lm-eval")
-    run.add_argument("--num-fewshot", type=int, default=5, help="few-shot examples (published Kimi runs: 3, 5, 10; default 5)")
+    run.add_argument(
+        "--num-fewshot", type=int, default=5, help="few-shot examples (published Kimi runs: 3, 5, 10; default 5)"
+    )
     run.add_argument("--limit", type=int, default=None, help="first N test questions (default: all 1319)")
     run.add_argument("--seeds", default="3", help="a count (seeds 1234, 1235, ...) or a list like 1,7,42 (default 3)")
     run.add_argument("--num-concurrent", type=int, default=16, help="concurrent requests per server (default 16)")
@@ -99,13 +107,16 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--request-timeout", type=int, default=600, help="seconds per request (default 600)")
 
     gate = p.add_argument_group("verdict")
-    gate.add_argument("--max-drop", type=float, default=1.0, help="allowed accuracy drop, percentage points (default 1)")
+    gate.add_argument(
+        "--max-drop", type=float, default=1.0, help="allowed accuracy drop, percentage points (default 1)"
+    )
     gate.add_argument("--alpha", type=float, default=0.05, help="significance of a drop, one-sided (default 0.05)")
     gate.add_argument(
         "--require-identical",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="fail when any generation differs from the baseline's (default: on for greedy decoding, off when sampling)",
+        help="fail when any generation differs from the baseline's (default: on for greedy decoding, "
+        "off when sampling)",
     )
     p.add_argument("--output-dir", help="where gsm8k_gate.json / .md go (default ./sglang-kimi-eval-<time>)")
     return evaluate
@@ -208,7 +219,9 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    servers = p.add_argument_group("servers (give --base-url or --launch; a baseline by --baseline-url or --baseline-args)")
+    servers = p.add_argument_group(
+        "servers (give --base-url or --launch; a baseline by --baseline-url or --baseline-args)"
+    )
     servers.add_argument("--base-url", metavar="URL", help="running SGLang server to benchmark")
     servers.add_argument("--baseline-url", metavar="URL", help="side by side: the same sweep against this server")
     servers.add_argument("--launch", action="store_true", help="start the server(s) here with the plugin's launcher")
@@ -226,8 +239,12 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     load.add_argument("--data-dir", help="GSM8K folder with test.jsonl (default: the hub's openai/gsm8k)")
     load.add_argument("--input-len", type=int, help="random prompts: input tokens")
     load.add_argument("--output-len", type=int, help="output tokens per request (EOS ignored, fixed length)")
-    load.add_argument("--num-prompts", type=int, help="requests per level (default max(4, 4 x concurrency), 2 x on CPU)")
-    load.add_argument("--warmup-requests", type=int, default=1, help="warm-up requests per level, not measured (default 1)")
+    load.add_argument(
+        "--num-prompts", type=int, help="requests per level (default max(4, 4 x concurrency), 2 x on CPU)"
+    )
+    load.add_argument(
+        "--warmup-requests", type=int, default=1, help="warm-up requests per level, not measured (default 1)"
+    )
     load.add_argument("--tokenizer", help="tokenizer path (default: the server's tokenizer_path)")
     load.add_argument("--seed", type=int, default=1, help="prompt sampling seed (default 1)")
     p.add_argument("--output-dir", help="where bench.json and the PNGs go (default ./sglang-kimi-bench-<time>)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -314,8 +313,14 @@ def judge(runs: list[Run], cfg: GateConfig) -> tuple[dict[str, Comparison], list
                 differing_answers += 1
             if b.generation != c.generation:
                 differing.append(
-                    Difference(seed, d, b.generation, c.generation, b.extracted.get("flexible-extract", ""),
-                               c.extracted.get("flexible-extract", ""))
+                    Difference(
+                        seed,
+                        d,
+                        b.generation,
+                        c.generation,
+                        b.extracted.get("flexible-extract", ""),
+                        c.extracted.get("flexible-extract", ""),
+                    )
                 )
     compared = len(seeds) * len(doc_ids)
 
@@ -334,7 +339,11 @@ def judge(runs: list[Run], cfg: GateConfig) -> tuple[dict[str, Comparison], list
             "passed": not differing,
             "required": cfg.identical_required,
             "detail": f"{len(differing)} of {compared} generations differ"
-            + ("" if cfg.identical_required else " (not required: " + ("sampled decoding)" if not cfg.greedy else "--no-require-identical)")),
+            + (
+                ""
+                if cfg.identical_required
+                else " (not required: " + ("sampled decoding)" if not cfg.greedy else "--no-require-identical)")
+            ),
         },
     }
     return comparisons, differing, differing_answers, compared, checks
@@ -349,7 +358,11 @@ def run_gate(baseline: Server, candidate: Server, cfg: GateConfig, task: TaskSpe
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     manager = task_manager(task)
     runs = []
-    plan = [(seed, role, server) for seed in cfg.seeds for role, server in (("baseline", baseline), ("candidate", candidate))]
+    plan = [
+        (seed, role, server)
+        for seed in cfg.seeds
+        for role, server in (("baseline", baseline), ("candidate", candidate))
+    ]
     with tqdm(plan, desc="GSM8K runs (seed x server)", unit="run", position=0) as bar:
         for seed, role, server in bar:
             bar.set_postfix_str(f"seed {seed} {role}")

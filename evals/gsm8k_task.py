@@ -39,7 +39,9 @@ def stock_gsm8k_yaml() -> Path:
 
     path = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
     if not path.exists():
-        raise EvalError(f"lm-eval at {path.parents[2]} has no tasks/gsm8k/gsm8k.yaml: pip install 'lm-eval[api]==0.4.13'")
+        raise EvalError(
+            f"lm-eval at {path.parents[2]} has no tasks/gsm8k/gsm8k.yaml: pip install 'lm-eval[api]==0.4.13'"
+        )
     return path
 
 
@@ -53,7 +55,7 @@ def check_data_dir(data_dir: str | Path) -> dict[str, Path]:
     if missing:
         raise EvalError(
             f"--data-dir {data_dir} has no {' or '.join(missing)}: it needs GSM8K's train.jsonl and test.jsonl "
-            "(one {\"question\": ..., \"answer\": ...} object per line)"
+            '(one {"question": ..., "answer": ...} object per line)'
         )
     for split, path in files.items():
         with path.open(encoding="utf-8") as fh:
@@ -63,7 +65,7 @@ def check_data_dir(data_dir: str | Path) -> dict[str, Path]:
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict) or not all(key in record for key in FIELDS):
-            raise EvalError(f"{path} does not look like GSM8K JSONL: each line needs \"question\" and \"answer\"")
+            raise EvalError(f'{path} does not look like GSM8K JSONL: each line needs "question" and "answer"')
     return files
 
 

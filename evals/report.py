@@ -30,7 +30,9 @@ def identical_line(result: GateResult) -> str:
     n = len(result.differing)
     if n == 0:
         return f"IDENTICAL GENERATIONS: {result.compared}/{result.compared} (0 differ)"
-    return f"DIFFERING GENERATIONS: {n} of {result.compared} differ ({result.differing_answers} extracted answers differ)"
+    return (
+        f"DIFFERING GENERATIONS: {n} of {result.compared} differ ({result.differing_answers} extracted answers differ)"
+    )
 
 
 def markdown(result: GateResult) -> str:
@@ -54,7 +56,8 @@ def markdown(result: GateResult) -> str:
         + (f", stock gsm8k definition on {result.task['data_dir']}" if result.task.get("data_dir") else ", stock gsm8k")
         + f"); {cfg['num_fewshot']}-shot, {result.comparisons[FILTERS[0]].questions} questions"
         + (f" (--limit {cfg['limit']})" if cfg["limit"] else "")
-        + f", seeds {', '.join(map(str, seeds))}, temperature {cfg['temperature']:g}, max {cfg['max_gen_toks']} new tokens.",
+        + f", seeds {', '.join(map(str, seeds))}, temperature {cfg['temperature']:g}"
+        + f", max {cfg['max_gen_toks']} new tokens.",
         "",
         "## Accuracy (exact_match, %)",
         "",

@@ -79,7 +79,9 @@ class Server:
             return "none"
         draft = self.server_info.get("speculative_draft_model_path")
         tokens = self.server_info.get("speculative_num_draft_tokens")
-        details = ", ".join(x for x in (f"draft {draft}" if draft else "", f"{tokens} draft tokens" if tokens else "") if x)
+        details = ", ".join(
+            x for x in (f"draft {draft}" if draft else "", f"{tokens} draft tokens" if tokens else "") if x
+        )
         return f"{algo} ({details})" if details else str(algo)
 
     def summary(self) -> dict:
@@ -188,9 +190,7 @@ def check_same_model(baseline: Server, candidate: Server) -> None:
         )
 
 
-def launch_pair(
-    specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, timeout: float = 600.0
-) -> dict[str, str]:
+def launch_pair(specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, timeout: float = 600.0) -> dict[str, str]:
     """Start one server per ``{name: sglang args}`` concurrently; ``{name: base_url}``.
 
     The servers are stopped when ``stack`` closes. Start-up failures become :class:`EvalError` with the

@@ -102,7 +102,9 @@ def text_rows(serving, tokenizer, prompts: list[str], output_len: int):
     return [DatasetRow(prompt=p, prompt_len=len(tokenizer.encode(p)), output_len=output_len) for p in prompts]
 
 
-def run_level(serving, *, base_url: str, model_id: str, tokenizer, rows, concurrency: int, args: argparse.Namespace) -> dict:
+def run_level(
+    serving, *, base_url: str, model_id: str, tokenizer, rows, concurrency: int, args: argparse.Namespace
+) -> dict:
     """One level of the sweep through SGLang's ``benchmark()``; its result dict (metrics, texts, errors)."""
     serving.set_global_args(args)
     return asyncio.run(

@@ -39,11 +39,30 @@ def _check_level(level: dict, concurrency: int, prompts: int, output_len: int) -
 
 def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, capsys):
     drafter = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(tmp_path / "dflash")
-    server_args = (f"--attention-backend kimi_cpu --mem-fraction-static 0.3 --speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {drafter}")
-    code = cli.main(["bench", "--launch", "--server-args", server_args, "--baseline-url", tiny_server.base_url,
-                     "--concurrency", "1,2", "--num-prompts", "2", "--output-len", "8", "--data-dir", str(DATA_DIR),
-                     "--output-dir", str(tmp_path)])
+    server_args = (
+        f"--attention-backend kimi_cpu --mem-fraction-static 0.3 --speculative-algorithm DFLASH "
+        f"--speculative-draft-model-path {drafter}"
+    )
+    code = cli.main(
+        [
+            "bench",
+            "--launch",
+            "--server-args",
+            server_args,
+            "--baseline-url",
+            tiny_server.base_url,
+            "--concurrency",
+            "1,2",
+            "--num-prompts",
+            "2",
+            "--output-len",
+            "8",
+            "--data-dir",
+            str(DATA_DIR),
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -58,7 +77,12 @@ def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, c
         assert level["tau"] is not None and level["tau"] >= 1.0
         acc = level["acceptance"]
         assert acc is not None and acc["steps"] > 0
-        assert len(acc["drafted_per_position"]) == len(acc["accepted_per_position"]) == len(acc["acceptance_per_position"]) > 0
+        assert (
+            len(acc["drafted_per_position"])
+            == len(acc["accepted_per_position"])
+            == len(acc["acceptance_per_position"])
+            > 0
+        )
         assert all(d == acc["steps"] for d in acc["drafted_per_position"])  # every step drafts every position
         assert all(0 <= a <= d for a, d in zip(acc["accepted_per_position"], acc["drafted_per_position"]))
         assert acc["accepted_per_position"] == sorted(acc["accepted_per_position"], reverse=True)  # prefix acceptance
@@ -82,9 +106,27 @@ def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, c
 
 
 def test_bench_random_prompts_of_fixed_length(tiny_server, tmp_path, capsys):
-    code = cli.main(["bench", "--base-url", tiny_server.base_url, "--dataset", "random", "--input-len", "24",
-                     "--output-len", "6", "--concurrency", "2", "--num-prompts", "2", "--warmup-requests", "0",
-                     "--output-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "bench",
+            "--base-url",
+            tiny_server.base_url,
+            "--dataset",
+            "random",
+            "--input-len",
+            "24",
+            "--output-len",
+            "6",
+            "--concurrency",
+            "2",
+            "--num-prompts",
+            "2",
+            "--warmup-requests",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     data = json.loads((tmp_path / "bench.json").read_text())

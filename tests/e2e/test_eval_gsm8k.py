@@ -1,7 +1,8 @@
 """``sglang-kimi eval gsm8k`` end to end: lm-eval's GSM8K task against real SGLang servers on CPU.
 
 The gate passes for a DFLASH speculative candidate (lossless: greedy generations identical to the baseline's),
-fails (exit 1) against a corrupted copy of the tiny model and refuses (exit 2) to compare two different checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
+fails (exit 1) against a corrupted copy of the tiny model and refuses (exit 2) to compare two different
+checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
 """
 
 import json
@@ -20,8 +21,20 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 LIMIT, SEEDS = 8, 2
-SMALL_RUN = ["--data-dir", str(DATA_DIR), "--limit", str(LIMIT), "--seeds", str(SEEDS), "--num-fewshot", "1",
-             "--max-gen-toks", "16", "--num-concurrent", "8"]
+SMALL_RUN = [
+    "--data-dir",
+    str(DATA_DIR),
+    "--limit",
+    str(LIMIT),
+    "--seeds",
+    str(SEEDS),
+    "--num-fewshot",
+    "1",
+    "--max-gen-toks",
+    "16",
+    "--num-concurrent",
+    "8",
+]
 LM_HEAD = "language_model.lm_head.weight"
 # Servers started side by side: SGLang sizes its KV cache from the free host memory measured before and after
 # loading weights, so with the CPU default 0.05 another process allocating more than 5% of free RAM meanwhile makes
@@ -53,8 +66,11 @@ def shallower_copy(dst: Path, layers: int = 4) -> Path:
     shutil.copytree(TINY_MODEL, dst)
     tensors = load_file(dst / "model.safetensors")
     dropped = tuple(f"language_model.model.layers.{i}." for i in range(layers, 64))
-    save_file({k: v for k, v in tensors.items() if not k.startswith(dropped)}, dst / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith(dropped)},
+        dst / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     config = json.loads((dst / "config.json").read_text())
     config["text_config"]["num_hidden_layers"] = layers
     (dst / "config.json").write_text(json.dumps(config, indent=2))
@@ -93,8 +109,20 @@ def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, ca
     """--launch: the tiny model without and with DFLASH speculative decoding (same attention backend)."""
     drafter = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(tmp_path / "dflash")
     dflash = f"--speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
-    code = cli.main(["eval", "gsm8k", "--launch", "--baseline-args", f"{MEM} {KIMI_CPU}",
-                     "--candidate-args", f"{MEM} {KIMI_CPU} {dflash}", *SMALL_RUN, "--output-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "eval",
+            "gsm8k",
+            "--launch",
+            "--baseline-args",
+            f"{MEM} {KIMI_CPU}",
+            "--candidate-args",
+            f"{MEM} {KIMI_CPU} {dflash}",
+            *SMALL_RUN,
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
@@ -109,7 +137,8 @@ def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, ca
         assert comp["baseline_per_seed"] == comp["candidate_per_seed"] and len(comp["baseline_per_seed"]) == SEEDS
     runs = data["runs"]
     assert sorted((r["role"], r["seed"]) for r in runs) == sorted(
-        (role, seed) for role in ("baseline", "candidate") for seed in (1234, 1235))
+        (role, seed) for role in ("baseline", "candidate") for seed in (1234, 1235)
+    )
     assert all(len(r["answers"]) == LIMIT for r in runs)
     assert any(a["generation"].strip() for r in runs for a in r["answers"]), "the servers generated nothing"
     # the seeds changed the few-shot examples: different prompts for the same question
@@ -121,15 +150,29 @@ def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, ca
 
 def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, tmp_path, capsys):
     candidate = variant_servers["corrupted"]
-    code = cli.main(["eval", "gsm8k", "--baseline", tiny_server.base_url, "--candidate", candidate.base_url,
-                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "eval",
+            "gsm8k",
+            "--baseline",
+            tiny_server.base_url,
+            "--candidate",
+            candidate.base_url,
+            *SMALL_RUN,
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
     assert data["verdict"] == "FAIL" and data["exit_code"] == 1
     assert data["differing_generations"] == LIMIT * SEEDS  # every greedy token moved
     assert data["checks"]["identical_generations"] == {
-        "passed": False, "required": True, "detail": f"{LIMIT * SEEDS} of {LIMIT * SEEDS} generations differ"}
+        "passed": False,
+        "required": True,
+        "detail": f"{LIMIT * SEEDS} of {LIMIT * SEEDS} generations differ",
+    }
     assert f"DIFFERING GENERATIONS: {LIMIT * SEEDS} of {LIMIT * SEEDS} differ" in out and "VERDICT: FAIL" in out
     assert md.startswith("# GSM8K gate: FAIL") and "## Differing generations" in md
     first = data["differences"][0]
@@ -137,8 +180,19 @@ def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, 
 
 
 def test_gate_refuses_two_different_checkpoints(tiny_server, variant_servers, tmp_path, capsys):
-    code = cli.main(["eval", "gsm8k", "--baseline", tiny_server.base_url, "--candidate", variant_servers["shallower"].base_url,
-                     *SMALL_RUN, "--output-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "eval",
+            "gsm8k",
+            "--baseline",
+            tiny_server.base_url,
+            "--candidate",
+            variant_servers["shallower"].base_url,
+            *SMALL_RUN,
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ")

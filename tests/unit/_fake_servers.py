@@ -19,7 +19,12 @@ def sglang_payloads(architecture: str = "KimiK25ForConditionalGeneration", token
             "model_type": "kimi_k25",
             "architectures": [architecture],
         },
-        ("GET", "/server_info"): {"device": "cpu", "dtype": "float32", "speculative_algorithm": None, "internal_states": [{}]},
+        ("GET", "/server_info"): {
+            "device": "cpu",
+            "dtype": "float32",
+            "speculative_algorithm": None,
+            "internal_states": [{}],
+        },
         ("GET", "/v1/models"): {"data": [{"id": model_path, "max_model_len": 4096}]},
         ("POST", "/tokenize"): {"tokens": list(tokens), "count": len(tokens)},
     }

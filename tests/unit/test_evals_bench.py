@@ -15,12 +15,27 @@ from sglang_kimi.evals.sglang_bench import bench_args
 
 
 def _server(device="cuda", max_model_len=262144):
-    return Server("http://h:1", {"model_path": "/m", "is_generation": True}, {"device": device, "internal_states": [{}]}, max_model_len)
+    return Server(
+        "http://h:1",
+        {"model_path": "/m", "is_generation": True},
+        {"device": device, "internal_states": [{}]},
+        max_model_len,
+    )
 
 
 def _args(**kw):
-    base = dict(concurrency=None, preset=None, dataset=None, input_len=None, output_len=None, num_prompts=None,
-                warmup_requests=1, data_dir=None, tokenizer=None, seed=1)
+    base = dict(
+        concurrency=None,
+        preset=None,
+        dataset=None,
+        input_len=None,
+        output_len=None,
+        num_prompts=None,
+        warmup_requests=1,
+        data_dir=None,
+        tokenizer=None,
+        seed=1,
+    )
     return argparse.Namespace(**(base | kw))
 
 
@@ -45,8 +60,15 @@ def test_presets_and_flags():
 
 def _sglang_result(ttft=(0.1, 0.2), tpot=(10.0, 20.0), errors=("", "")):
     """The keys SGLang's benchmark() returns that we read (ms for the latency stats)."""
-    out = {"completed": sum(1 for e in errors if not e), "duration": 2.0, "total_output_tokens": 64, "total_input_tokens": 40,
-           "output_throughput": 32.0, "request_throughput": 1.0, "errors": list(errors)}
+    out = {
+        "completed": sum(1 for e in errors if not e),
+        "duration": 2.0,
+        "total_output_tokens": 64,
+        "total_input_tokens": 40,
+        "output_throughput": 32.0,
+        "request_throughput": 1.0,
+        "errors": list(errors),
+    }
     for metric, (lo, hi) in {"ttft": ttft, "tpot": tpot, "itl": tpot, "e2e_latency": (100.0, 200.0)}.items():
         for key, value in {"mean": (lo + hi) / 2, "median": lo, "p95": hi, "p99": hi}.items():
             out[f"{key}_{metric}_ms"] = value
@@ -65,8 +87,12 @@ def test_summarize_level_maps_sglang_metrics():
 
 
 def _info(drafted, accepted, hist, tau=2.0):
-    spec = {"drafted_per_position": drafted, "accepted_per_position": accepted, "accept_length_histogram": hist,
-            "acceptance_rate_per_position": [None] * len(drafted)}
+    spec = {
+        "drafted_per_position": drafted,
+        "accepted_per_position": accepted,
+        "accept_length_histogram": hist,
+        "acceptance_rate_per_position": [None] * len(drafted),
+    }
     return {"internal_states": [{"avg_spec_accept_length": tau, "sglang_kimi": {"spec_metrics": spec}}]}
 
 
@@ -97,15 +123,23 @@ def test_acceptance_without_speculation_or_after_a_reset():
     assert acceptance.snapshot(plain) == {"tau": None, "spec_metrics": None}
     assert acceptance.level_acceptance(acceptance.snapshot(plain), acceptance.snapshot(plain)) is None
     # counters went down (server restarted): totals are reported
-    level = acceptance.level_acceptance(acceptance.snapshot(_info([9], [9], [0, 9])), acceptance.snapshot(_info([2], [1], [1, 1])))
+    level = acceptance.level_acceptance(
+        acceptance.snapshot(_info([9], [9], [0, 9])), acceptance.snapshot(_info([2], [1], [1, 1]))
+    )
     assert level["drafted_per_position"] == [2] and level["acceptance_per_position"] == [0.5]
 
 
 def _levels(throughputs, tpots, acc=None):
     return [
-        {"concurrency": c, "output_throughput": t, "tpot_ms": {"mean": p, "p50": p, "p95": p, "p99": p},
-         "itl_ms": {"mean": 1.0, "p50": 1.0, "p95": 1.0, "p99": 1.0}, "ttft_ms": {"mean": 5.0, "p50": 5.0, "p95": 5.0, "p99": 5.0},
-         "tau": 2.5 if acc else None, "acceptance": acc}
+        {
+            "concurrency": c,
+            "output_throughput": t,
+            "tpot_ms": {"mean": p, "p50": p, "p95": p, "p99": p},
+            "itl_ms": {"mean": 1.0, "p50": 1.0, "p95": 1.0, "p99": 1.0},
+            "ttft_ms": {"mean": 5.0, "p50": 5.0, "p95": 5.0, "p99": 5.0},
+            "tau": 2.5 if acc else None,
+            "acceptance": acc,
+        }
         for c, t, p in zip((1, 8), throughputs, tpots)
     ]
 
@@ -123,7 +157,10 @@ def test_speedups_and_table():
 
 def test_plots_are_written(tmp_path):
     acc = {"acceptance_per_position": [0.9, 0.7, None], "tau_level": 2.6}
-    data = {"levels": _levels([30.0, 200.0], [10.0, 20.0], acc), "baseline": {"levels": _levels([10.0, 100.0], [30.0, 40.0])}}
+    data = {
+        "levels": _levels([30.0, 200.0], [10.0, 20.0], acc),
+        "baseline": {"levels": _levels([10.0, 100.0], [30.0, 40.0])},
+    }
     paths = plots.write_all(data, tmp_path)
     assert [p.name for p in paths] == ["throughput.png", "tpot.png", "acceptance.png"]
     for path in paths:
@@ -136,10 +173,15 @@ def test_plots_are_written(tmp_path):
 def test_bench_args_cover_what_sglang_reads():
     """Every ``args.X`` that SGLang's benchmark() and the sglang request function read is set."""
     source = Path(importlib.util.find_spec("sglang.benchmark").submodule_search_locations[0], "serving.py").read_text()
-    start, end = source.index("async def async_request_sglang_generate"), source.index("async def async_request_openai_embeddings")
+    start, end = (
+        source.index("async def async_request_sglang_generate"),
+        source.index("async def async_request_openai_embeddings"),
+    )
     bench_start, bench_end = source.index("async def benchmark("), source.index("def check_chat_template")
     read = set(re.findall(r"\bargs\.([a-z_]+)", source[start:end] + source[bench_start:bench_end]))
     optional = {"profile_steps", "image_count", "image_resolution"}  # hasattr-guarded, or only for image datasets
-    args = bench_args(dataset="gsm8k", num_prompts=4, input_len=8, output_len=8, warmup_requests=1, output_file="/tmp/x")
+    args = bench_args(
+        dataset="gsm8k", num_prompts=4, input_len=8, output_len=8, warmup_requests=1, output_file="/tmp/x"
+    )
     assert read - optional - set(vars(args)) == set()
     assert args.backend == "sglang" and args.disable_ignore_eos is False and args.temperature == 0.0

@@ -14,7 +14,6 @@ from sglang_kimi.server import free_port
 from _fake_servers import serve, sglang_payloads
 
 
-
 @pytest.fixture
 def data_dir(tmp_path):
     """A minimal GSM8K-format folder: enough for the checks that run before any server is asked."""
@@ -40,13 +39,36 @@ def _one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("command", [["eval", "gsm8k"], ["bench"]])
 def test_help(command):
-    out = subprocess.run([sys.executable, "-m", "sglang_kimi.cli", *command, "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_kimi.cli", *command, "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert f"usage: sglang-kimi {' '.join(command)}" in out.stdout
-    for flag in (["--baseline", "--candidate", "--launch", "--num-fewshot", "--seeds", "--max-drop", "--require-identical",
-                  "--data-dir", "exit code 0 pass, 1 fail, 2 error"] if command[0] == "eval" else
-                 ["--base-url", "--baseline-url", "--concurrency", "--dataset", "--input-len", "--output-len", "--preset",
-                  "--warmup-requests", "10240"]):
+    for flag in (
+        [
+            "--baseline",
+            "--candidate",
+            "--launch",
+            "--num-fewshot",
+            "--seeds",
+            "--max-drop",
+            "--require-identical",
+            "--data-dir",
+            "exit code 0 pass, 1 fail, 2 error",
+        ]
+        if command[0] == "eval"
+        else [
+            "--base-url",
+            "--baseline-url",
+            "--concurrency",
+            "--dataset",
+            "--input-len",
+            "--output-len",
+            "--preset",
+            "--warmup-requests",
+            "10240",
+        ]
+    ):
         assert flag in out.stdout
 
 
@@ -56,8 +78,19 @@ def test_help(command):
 def test_eval_unreachable_url(capsys, data_dir):
     port = free_port()
     with serve(sglang_payloads()) as good:
-        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", f"http://127.0.0.1:{port}",
-                         "--data-dir", data_dir, "--limit", "2")
+        code, err = _run(
+            capsys,
+            "eval",
+            "gsm8k",
+            "--baseline",
+            good,
+            "--candidate",
+            f"http://127.0.0.1:{port}",
+            "--data-dir",
+            data_dir,
+            "--limit",
+            "2",
+        )
     assert code == 2
     line = _one_error_line(err)
     assert f"cannot reach http://127.0.0.1:{port}" in line and "is the server running" in line
@@ -65,7 +98,9 @@ def test_eval_unreachable_url(capsys, data_dir):
 
 def test_eval_server_that_is_not_sglang(capsys, data_dir):
     with serve(None) as html, serve(sglang_payloads()) as good:
-        code, err = _run(capsys, "eval", "gsm8k", "--baseline", good, "--candidate", html, "--data-dir", data_dir, "--limit", "2")
+        code, err = _run(
+            capsys, "eval", "gsm8k", "--baseline", good, "--candidate", html, "--data-dir", data_dir, "--limit", "2"
+        )
     assert code == 2
     line = _one_error_line(err)
     assert f"{html} is not an SGLang server" in line and "HTTP 404" in line
@@ -73,7 +108,9 @@ def test_eval_server_that_is_not_sglang(capsys, data_dir):
 
 def test_eval_servers_of_different_models(capsys, data_dir):
     with serve(sglang_payloads()) as a, serve(sglang_payloads(architecture="LlamaForCausalLM", tokens=(9, 9))) as b:
-        code, err = _run(capsys, "eval", "gsm8k", "--baseline", a, "--candidate", b, "--data-dir", data_dir, "--limit", "2")
+        code, err = _run(
+            capsys, "eval", "gsm8k", "--baseline", a, "--candidate", b, "--data-dir", data_dir, "--limit", "2"
+        )
     assert code == 2
     line = _one_error_line(err)
     assert "serve different models" in line and "LlamaForCausalLM" in line and "tokenizer" in line
@@ -81,16 +118,22 @@ def test_eval_servers_of_different_models(capsys, data_dir):
 
 def _checkpoint(root, layers: int):
     root.mkdir()
-    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-              "text_config": {"vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": layers}}
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {"vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": layers},
+    }
     (root / "config.json").write_text(json.dumps(config))
     return str(root)
 
 
 def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_path):
     six, four = _checkpoint(tmp_path / "six", 6), _checkpoint(tmp_path / "four", 4)
-    with serve(sglang_payloads(model_path=six)) as a, serve(sglang_payloads(model_path=four)) as b, \
-            serve(sglang_payloads(model_path=six)) as c:
+    with (
+        serve(sglang_payloads(model_path=six)) as a,
+        serve(sglang_payloads(model_path=four)) as b,
+        serve(sglang_payloads(model_path=six)) as c,
+    ):
         with pytest.raises(EvalError, match="num_hidden_layers 6 vs 4"):
             check_same_model(probe(a), probe(b))
         check_same_model(probe(a), probe(c))  # the same checkpoint: no error
@@ -107,19 +150,41 @@ def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_
     ],
 )
 def test_eval_bad_numbers(capsys, extra, message):
-    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1", *extra)
+    code, err = _run(
+        capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1", *extra
+    )
     assert code == 2
     assert message in _one_error_line(err)
 
 
 def test_eval_data_dir_without_the_files(capsys, tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
-    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1",
-                     "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"))
+    code, err = _run(
+        capsys,
+        "eval",
+        "gsm8k",
+        "--baseline",
+        "http://127.0.0.1:1",
+        "--candidate",
+        "http://127.0.0.1:1",
+        "--data-dir",
+        str(tmp_path),
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
     assert code == 2
     assert "has no test.jsonl" in _one_error_line(err)
-    code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1",
-                     "--data-dir", str(tmp_path / "nowhere"))
+    code, err = _run(
+        capsys,
+        "eval",
+        "gsm8k",
+        "--baseline",
+        "http://127.0.0.1:1",
+        "--candidate",
+        "http://127.0.0.1:1",
+        "--data-dir",
+        str(tmp_path / "nowhere"),
+    )
     assert code == 2
     assert "is not a folder" in _one_error_line(err)
 
@@ -176,7 +241,18 @@ def test_bench_bad_flags(capsys, tmp_path, argv, message):
 
 def test_bench_output_len_and_context_checked_against_the_server(capsys, tmp_path):
     with serve(sglang_payloads()) as a:
-        code, err = _run(capsys, "bench", "--base-url", a, "--dataset", "random", "--input-len", "5000", "--output-dir", str(tmp_path))
+        code, err = _run(
+            capsys,
+            "bench",
+            "--base-url",
+            a,
+            "--dataset",
+            "random",
+            "--input-len",
+            "5000",
+            "--output-dir",
+            str(tmp_path),
+        )
         assert code == 2 and "exceed the model's context (4096 tokens)" in _one_error_line(err)
         code, err = _run(capsys, "bench", "--base-url", a, "--output-len", "1", "--output-dir", str(tmp_path))
         assert code == 2 and "--output-len 1" in _one_error_line(err)

@@ -1,7 +1,6 @@
 """The GSM8K gate without servers: task definition, lm-eval sample parsing, verdict, report."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,6 @@ from sglang_kimi.evals.gsm8k import GateConfig, GateResult, Run, judge, parse_sa
 from sglang_kimi.evals.gsm8k_task import LOCAL_TASK, check_data_dir, render_local_task, stock_gsm8k_yaml
 
 
-
 @pytest.fixture
 def data_dir(tmp_path):
     root = tmp_path / "gsm8k"
@@ -19,6 +17,8 @@ def data_dir(tmp_path):
     for split in ("train", "test"):
         (root / f"{split}.jsonl").write_text('{"question": "2 + 2?", "answer": "2 + 2 = 4\\n#### 4"}\n')
     return root
+
+
 DATASET_KEYS = {"task", "dataset_path", "dataset_name", "dataset_kwargs"}
 
 
@@ -32,9 +32,14 @@ def test_local_task_is_the_stock_task_but_for_its_data(tmp_path, data_dir):
     assert spec.name == LOCAL_TASK and spec.include_path == str(tmp_path / "task")
     local = load_yaml(tmp_path / "task" / "gsm8k_local.yaml", resolve_func=False)
     stock = load_yaml(stock_gsm8k_yaml(), resolve_func=False)
-    assert {k: v for k, v in local.items() if k not in DATASET_KEYS} == {k: v for k, v in stock.items() if k not in DATASET_KEYS}
+    assert {k: v for k, v in local.items() if k not in DATASET_KEYS} == {
+        k: v for k, v in stock.items() if k not in DATASET_KEYS
+    }
     assert local["dataset_path"] == "json" and local["dataset_name"] is None
-    assert local["dataset_kwargs"]["data_files"] == {"train": str(data_dir / "train.jsonl"), "test": str(data_dir / "test.jsonl")}
+    assert local["dataset_kwargs"]["data_files"] == {
+        "train": str(data_dir / "train.jsonl"),
+        "test": str(data_dir / "test.jsonl"),
+    }
     assert stock["num_fewshot"] == 5 and "flexible-extract" in json.dumps(local["filter_list"])
 
 
@@ -77,11 +82,19 @@ def _samples(generations: dict[int, str], correct: dict[int, float], prompt="Que
     out = []
     for d, text in generations.items():
         for name, extracted in (("strict-match", "[invalid]"), ("flexible-extract", text.split()[-1])):
-            out.append({
-                "doc_id": d, "target": f"#### {d}", "arguments": {"gen_args_0": {"arg_0": prompt.format(d=d), "arg_1": {}}},
-                "resps": [[text]], "filtered_resps": [extracted], "filter": name, "metrics": ["exact_match"],
-                "prompt_hash": f"h{d}", "exact_match": correct[d] if name == "flexible-extract" else 0.0,
-            })
+            out.append(
+                {
+                    "doc_id": d,
+                    "target": f"#### {d}",
+                    "arguments": {"gen_args_0": {"arg_0": prompt.format(d=d), "arg_1": {}}},
+                    "resps": [[text]],
+                    "filtered_resps": [extracted],
+                    "filter": name,
+                    "metrics": ["exact_match"],
+                    "prompt_hash": f"h{d}",
+                    "exact_match": correct[d] if name == "flexible-extract" else 0.0,
+                }
+            )
     return out
 
 
@@ -101,10 +114,18 @@ def test_parse_samples_merges_filters_per_question():
 
 def _gate(runs, cfg):
     comparisons, differing, differing_answers, compared, checks = judge(runs, cfg)
-    return GateResult(config=vars(cfg) | {"identical_required": cfg.identical_required, "greedy": cfg.greedy},
-                      task={"name": "gsm8k_local", "lm_eval_version": "0.4.13", "data_dir": "/d"},
-                      baseline=_summary("b"), candidate=_summary("c"), comparisons=comparisons, compared=compared,
-                      differing=differing, differing_answers=differing_answers, checks=checks, runs=runs)
+    return GateResult(
+        config=vars(cfg) | {"identical_required": cfg.identical_required, "greedy": cfg.greedy},
+        task={"name": "gsm8k_local", "lm_eval_version": "0.4.13", "data_dir": "/d"},
+        baseline=_summary("b"),
+        candidate=_summary("c"),
+        comparisons=comparisons,
+        compared=compared,
+        differing=differing,
+        differing_answers=differing_answers,
+        checks=checks,
+        runs=runs,
+    )
 
 
 def _summary(name):
@@ -127,8 +148,12 @@ def test_identical_runs_pass():
 def test_one_differing_generation_fails_greedy_even_without_accuracy_change():
     cfg = GateConfig(seeds=[1, 2], limit=3)
     other = GEN | {1: "y = 4"}  # still wrong: accuracy identical
-    runs = [_run("baseline", 1, GEN, RIGHT), _run("candidate", 1, other, RIGHT),
-            _run("baseline", 2, GEN, RIGHT), _run("candidate", 2, GEN, RIGHT)]
+    runs = [
+        _run("baseline", 1, GEN, RIGHT),
+        _run("candidate", 1, other, RIGHT),
+        _run("baseline", 2, GEN, RIGHT),
+        _run("candidate", 2, GEN, RIGHT),
+    ]
     gate = _gate(runs, cfg)
     assert gate.comparisons["flexible-extract"].delta == 0
     assert gate.checks["accuracy"]["passed"] and not gate.checks["identical_generations"]["passed"]
