@@ -148,7 +148,8 @@ def check_greedy_parity(server, reference_outputs, hf) -> dict:
         got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
         assert got.shape == exp.shape
         error = (got - exp).abs().max().item()
-        assert error < 1e-3, f"verify log-probabilities differ from transformers' by {error}"
+        # float32 SGLang and transformers agree to ~1e-6; one wrong mask cell moves these by ~1e-3
+        assert error < 1e-4, f"verify log-probabilities differ from transformers' by {error}"
     tokens = sum(o["meta_info"]["completion_tokens"] for o in sequential)
     steps = sum(o["meta_info"]["spec_verify_ct"] for o in sequential)
     return {"tokens": tokens, "verify_steps": steps, "accept_length": tokens / steps, "tokens_per_s": tokens / elapsed}

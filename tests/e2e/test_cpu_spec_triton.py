@@ -3,13 +3,15 @@
 This is the path ``cpu-tree-mask-mode`` fixes: SGLang builds QLEN_ONLY tree masks on CPU while the Triton verify
 kernel reads FULL_MASK rows, so without the hook the verify attends under a garbage mask and greedy output
 diverges. The interpreter runs every Triton launch in Python (about 100x slower than compiled), so: one prompt,
-16 tokens, compared with the non-speculative server's greedy tokens.
+16 tokens, compared with the non-speculative server's greedy tokens, and the log-probabilities the verify forwards
+report for them with transformers' (one wrong mask cell moves them by ~1e-3).
 """
 
 from __future__ import annotations
 
 import pytest
 import requests
+import torch
 
 from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, plugin_state, start_server
 
@@ -26,10 +28,21 @@ TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 
 
 def generate(url: str, max_new_tokens: int = TOKENS) -> dict:
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+            "return_logprob": True}
     response = requests.post(url + "/generate", json=body, timeout=3600)
     response.raise_for_status()
     return response.json()
+
+
+def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
+    from sglang_kimi.models.tiny import load_hf_reference
+
+    model, tokenizer = load_hf_reference()
+    ids = tokenizer(PROMPT)["input_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids + output_ids])).logits.float(), dim=-1)[0]
+    return logp[len(ids) - 1 : -1].gather(1, torch.tensor(output_ids)[:, None])[:, 0]
 
 
 def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch):
@@ -47,6 +60,9 @@ def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tm
         out = generate(server.base_url)
         assert out["output_ids"] == reference, "EAGLE3 tree on triton (CPU) differs from the non-speculative output"
         assert out["meta_info"]["spec_verify_ct"] > 0
+        got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+        error = (got - transformers_logprobs(reference)).abs().max().item()
+        assert error < 1e-4, f"verify log-probabilities differ from transformers' by {error}"
     finally:
         server.stop()
     assert not group_alive(server.pgid)
