@@ -40,7 +40,7 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--sampling-backend": "pytorch",
     "--disable-cuda-graph": None,
     "--dtype": "float32",  # float32 on CPU: exact parity with transformers; bf16 CPU matmuls differ by ~2e-3
-    "--mem-fraction-static": "0.05",
+    "--mem-fraction-static": "0.3",  # a budget only: --max-total-tokens caps the KV pool (~0.5 GB for the tiny model)
     "--max-total-tokens": "65536",
     "--skip-server-warmup": None,
     "--language-model-only": None,  # text only: image inputs need the real torchvision
