@@ -63,6 +63,11 @@ def make_proposers(dflash: DFlashDrafter, eagle: Eagle3Drafter, block: int) -> d
     return out
 
 
+def display(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def summarize(histogram: list[int]) -> dict:
     steps = sum(histogram)
     tokens = sum((k + 1) * n for k, n in enumerate(histogram))
@@ -163,7 +168,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "prompt_format": common.PROMPT_FORMAT,
         "target": f"sglang_kimi/assets/tiny-kimi-k2.6 (compact, {args.dtype}, prefix KV cache)",
-        "drafters": {"dflash": str(args.dflash.relative_to(REPO)), "eagle3": str(args.eagle3.relative_to(REPO))},
+        "drafters": {"dflash": display(args.dflash), "eagle3": display(args.eagle3)},
         "lossless": not mismatches,
         "mismatches": mismatches,
         "targets": targets,
