@@ -86,7 +86,10 @@ def process_logits(
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     rank = torch.arange(vocab, device=logits.device)
     min_p = torch.as_tensor(min_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
-    keep = (rank < torch.where(top_k <= TOP_K_ALL, vocab, top_k)[..., None]) & (mass_before <= top_p[..., None])
+    # top_p >= 1 filters nothing (the sampler skips the filter; cumsum rounding must not drop the tail)
+    keep = (rank < torch.where(top_k <= TOP_K_ALL, vocab, top_k)[..., None]) & (
+        (mass_before <= top_p[..., None]) | (top_p[..., None] >= 1.0)
+    )
     keep &= sorted_probs >= sorted_probs[..., :1] * min_p[..., None]  # the top token is always kept
     kept = sorted_probs * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)

@@ -13,11 +13,13 @@ On HIP and CPU this module routes those sampled batches to the plugin's tree ver
 (``sglang_kimi.kernels.tree_verify``: the Triton kernel on the GPU, its torch twin ``tree_verify_ref`` on CPU), the
 target-only rule: at node v draw y ~ p(.|v), descend if y is a drafted child, else emit y (SGLang's kernel rule with
 thresholds 1; lossless for any tree). ``p`` is exactly what SGLang's non-speculative ``pytorch`` sampler (the
-default sampler on both platforms) samples from (:func:`sampler_target_probs`), after the same logit processing
+default sampler on both platforms) samples from (``tree_batch.verify_probs``), after the same logit processing
 ``eagle_sample`` applies (NaN sanitising, accumulated penalties, logit bias, grammar mask). Coins come from
 ``eagle_utils._verify_coins`` (torch's generator, or the per-request seeded hash under deterministic inference).
 
-Greedy batches keep upstream's greedy path; CUDA, XPU and NPU keep upstream's code unchanged.
+Greedy batches keep upstream's greedy path; CUDA, XPU and NPU keep upstream's code unchanged. With
+``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=1`` (debugging only) sampled batches are left to upstream too, i.e. verified greedily
+on HIP and CPU: the switch that shows a sampling test can fail.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from __future__ import annotations
 import logging
 
 import torch
+
+from sglang_kimi.algorithms import debug_greedy_verify
+from sglang_kimi.workers.tree_batch import verify_probs
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -42,34 +47,6 @@ def plugin_verifies_sampling() -> bool:
     from sglang.srt.utils import is_cpu, is_hip
 
     return is_cpu() or is_hip()
-
-
-def sampler_target_probs(logits: torch.Tensor, sampling_info, num_draft_tokens: int) -> torch.Tensor:
-    """The distribution SGLang's ``pytorch`` sampler draws the next token from, for every verify row.
-
-    ``logits [bs * N, V]`` (request-major), request parameters from ``sampling_info`` repeated N times. As
-    ``Sampler.forward`` + ``top_k_top_p_min_p_sampling_from_probs_torch``: ``softmax(logits / T)``; then, when any
-    request filters, sort descending, drop ranks >= top_k, drop tokens whose preceding mass exceeds top_p (mass
-    of the unfiltered distribution: a joint filter), drop tokens below ``min_p * max``; renormalise (what
-    ``torch.multinomial`` does implicitly). Returns ``[bs, N, V]`` float32.
-    """
-    n = num_draft_tokens
-    temperatures = torch.repeat_interleave(sampling_info.temperatures, n, dim=0)  # [bs*N, 1]
-    probs = torch.softmax(logits.float() / temperatures, dim=-1)
-    if sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling or sampling_info.need_min_p_sampling:
-        probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
-        probs_sum = torch.cumsum(probs_sort, dim=-1)
-        top_ks = torch.repeat_interleave(sampling_info.top_ks, n, dim=0)
-        top_ps = torch.repeat_interleave(sampling_info.top_ps, n, dim=0)
-        ranks = torch.arange(probs_sort.shape[-1], device=probs.device).view(1, -1)
-        probs_sort[ranks >= top_ks.view(-1, 1)] = 0.0
-        probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
-        if sampling_info.need_min_p_sampling:
-            min_ps = torch.repeat_interleave(sampling_info.min_ps, n, dim=0)
-            probs_sort[probs_sort < (probs_sort[:, 0] * min_ps).view(-1, 1)] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, probs_idx, probs_sort)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs.view(-1, n, probs.shape[-1])
 
 
 def verify_tree_sampled(
@@ -128,6 +105,8 @@ def _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state) -> bool:
 
     if not plugin_verifies_sampling() or batch.forward_mode.is_idle() or batch.sampling_info.is_all_greedy:
         return False
+    if debug_greedy_verify():
+        return False  # upstream's greedy verify on this device: the debug switch's purpose
     if get_spec().speculative_use_rejection_sampling or uno_target_max_top_k is not None or SIMULATE_ACC_LEN > 0:
         return False  # upstream's chain rejection sampler (lossless), UNO, or the acceptance simulator
     if watermark_state is not None and batch.sampling_info.has_watermark_candidates:
@@ -155,7 +134,7 @@ def eagle_sample_lossless(
     watermark_full_mask=True,
 ):
     """AROUND ``eagle_utils.eagle_sample``: sampled batches on HIP/CPU are verified by the target-only rule over
-    :func:`sampler_target_probs`; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
+    ``tree_batch.verify_probs``; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
     in upstream's conventions (``accept_lens`` counts the bonus)."""
     if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
         return original(
@@ -200,7 +179,7 @@ def eagle_sample_lossless(
         verify_input.retrieve_index,
         verify_input.retrieve_next_token,
         verify_input.retrieve_next_sibling,
-        sampler_target_probs(logits, sampling_info, n),
+        verify_probs(logits, sampling_info, n).view(bs, n, -1),
         coins,
         final_coins,
         verify_input.max_tree_depth,
@@ -223,7 +202,7 @@ def install_eagle_sampling():
 def dflash_sampling_available(original) -> bool:
     """AROUND ``dflash_utils.is_dflash_sampling_verify_available``: True on HIP/CPU, where the plugin verifies
     (with the lossless thresholds; other thresholds keep upstream's greedy fallback and its warning)."""
-    if plugin_verifies_sampling() and _thresholds_are_lossless():
+    if plugin_verifies_sampling() and _thresholds_are_lossless() and not debug_greedy_verify():
         return True
     return original()
 
@@ -243,7 +222,7 @@ def dflash_sampled_verify(
     use_sparse_topk: bool = True,
 ):
     """AROUND ``dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus``: on HIP/CPU verify the chain with
-    the target-only rule over :func:`sampler_target_probs`. Returns ``(accepted drafts [bs], bonus [bs] int64)``
+    the target-only rule over ``tree_batch.verify_probs``. Returns ``(accepted drafts [bs], bonus [bs] int64)``
     as upstream."""
     kwargs = dict(
         candidates=candidates,
@@ -292,7 +271,7 @@ def dflash_sampled_verify(
         retrieve_index,
         next_token,
         next_sibling,
-        sampler_target_probs(next_token_logits, sampling_info, n),
+        verify_probs(next_token_logits, sampling_info, n).view(bs, n, -1),
         coins,
         final_coins,
         n,

@@ -48,6 +48,7 @@ else:
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
 
     from sglang_kimi.workers import eagle_sampling as es
+    from sglang_kimi.workers.tree_batch import verify_probs
 
     V = 12
 
@@ -109,7 +110,7 @@ else:
         bs, n = 3, 4
         logits = torch.randn(bs * n, V, generator=gen) * 2
         info = sampling_info(bs, temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p)
-        ours = es.sampler_target_probs(logits, info, n).view(bs * n, V)
+        ours = verify_probs(logits, info, n)
         probs = torch.softmax(logits / 0.7, dim=-1)
         rows = torch.arange(bs).repeat_interleave(n)
         if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
@@ -165,7 +166,7 @@ else:
             raise AssertionError("a sampled CPU batch must not reach SGLang's greedy verify")
 
         predict, accept_lens, accept_index = es.eagle_sample_lossless(upstream, verify_input, batch, logits_output)
-        target = es.sampler_target_probs(node_logits, sampling_info(1, top_p=0.9), 4)[0]  # [4, V]
+        target = verify_probs(node_logits, sampling_info(1, top_p=0.9), 4)  # [4, V]
         first = emitted(predict, accept_index, accept_lens, 0)
         assert chi2_pvalue(torch.bincount(first, minlength=V), target[0]) > 1e-4
         after_3 = first == 3
@@ -214,7 +215,7 @@ else:
         accepted, bonus = es.dflash_sampled_verify(
             upstream, candidates=chain.repeat(bs, 1), next_token_logits=node_logits.repeat(bs, 1), sampling_info=info)
         assert accepted.shape == (bs,) and bonus.dtype == torch.int64
-        target = es.sampler_target_probs(node_logits, sampling_info(1, top_p=0.9), n)[0]
+        target = verify_probs(node_logits, sampling_info(1, top_p=0.9), n)
         # the first emitted token is the draft 6 when accepted, else the bonus
         first = torch.where(accepted > 0, torch.full_like(bonus, 6), bonus)
         assert chi2_pvalue(torch.bincount(first, minlength=V), target[0]) > 1e-4
