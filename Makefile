@@ -22,7 +22,7 @@ demo: install
 	$(VENV)/bin/sglang-kimi demo
 
 test: install
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra tests/unit tests/e2e
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit

@@ -3,12 +3,17 @@
 
     python bench/bench_tau.py                 # 100 GSM8K test questions x 128 greedy tokens, every method
     python bench/bench_tau.py --limit 5       # a quick run
+    python bench/bench_tau.py --temperature 1 # sampled decoding (target-only verification), bench_tau_t1.json
 
 Target: the embedded tiny Kimi-K2.6 (compact implementation with a prefix KV cache, float64 by default; equal to
 the HF reference, ``tests/unit/test_dflash.py``). Prompts ``"Question: {q}\\nAnswer:"``, greedy, ``--new-tokens``.
 Methods: DFlash chain (block 8: 7 drafts), DDTree budgets 8/16/32/64 over the same DFlash pass, EAGLE3 chain
 (3 steps, topk 1, 4 tokens), EAGLE3 tree (5 steps, topk 4, 16 tokens). Every speculative output is asserted
 equal to the autoregressive greedy output (a mismatch is reported in the JSON, then raised).
+
+With ``--temperature T > 0`` every method decodes sampled (seed = prompt index; lossless by construction, checked
+statistically by the tests, not here): the tiny target's greedy continuations are very repetitive, sampled ones
+are not, so the sampled run is the one where draft trees have alternatives to offer.
 
 Reports per method: tau = tokens per decode step (accepted + bonus), the accept histogram, per-position
 acceptance (share of steps that accepted at least k drafts), target forwards; plus the targets
@@ -80,7 +85,7 @@ def summarize(histogram: list[int]) -> dict:
     }
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, decoding: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +97,7 @@ def plot(results: dict, path: Path) -> None:
         ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{name} (tau {r['tau']:.2f})")
     ax.set_xlabel("draft position k (tree depth)")
     ax.set_ylabel("share of steps accepting >= k drafts")
-    ax.set_title("Tiny Kimi-K2.6 drafters on GSM8K (greedy): per-position acceptance")
+    ax.set_title(f"Tiny Kimi-K2.6 drafters on GSM8K ({decoding}): per-position acceptance")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -106,12 +111,16 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled (top-p 1)")
     ap.add_argument("--dflash", type=Path, default=ASSETS / "tiny-kimi-k2.6-dflash")
     ap.add_argument("--eagle3", type=Path, default=ASSETS / "tiny-kimi-k2.6-eagle3")
-    ap.add_argument("--out", type=Path, default=RESULTS / "bench_tau.json")
-    ap.add_argument("--png", type=Path, default=RESULTS / "bench_tau_acceptance.png")
+    ap.add_argument("--out", type=Path, help="default bench/results/bench_tau.json (bench_tau_t{T}.json sampled)")
+    ap.add_argument("--png", type=Path, help="default: the --out path with _acceptance.png")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
     args = ap.parse_args()
+    suffix = "" if args.temperature <= 0 else f"_t{args.temperature:g}"
+    args.out = args.out or RESULTS / f"bench_tau{suffix}.json"
+    args.png = args.png or args.out.with_name(args.out.stem + "_acceptance.png")
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -130,20 +139,21 @@ def main() -> None:
     start = time.time()
     for i, prompt in enumerate(prompts):
         t0 = time.time()
-        ar = generate(common.CachedTarget(model), prompt, args.new_tokens).tokens
+        sampling = {"temperature": args.temperature, "seed": i}
+        ar = generate(common.CachedTarget(model), prompt, args.new_tokens, **sampling).tokens
         seconds["autoregressive"] += time.time() - t0
         line = []
         for name in args.methods:
             factory, layers, _ = proposers[name]
             t0 = time.time()
-            out = generate(common.CachedTarget(model, layers), prompt, args.new_tokens, proposer=factory())
+            out = generate(common.CachedTarget(model, layers), prompt, args.new_tokens, proposer=factory(), **sampling)
             seconds[name] += time.time() - t0
             forwards[name] += out.num_target_forwards
             h = hist[name]
             h += [0] * (len(out.accept_histogram) - len(h))
             for k, n in enumerate(out.accept_histogram):
                 h[k] += n
-            if out.tokens != ar:
+            if args.temperature <= 0 and out.tokens != ar:
                 first = next(j for j, (a, b) in enumerate(zip(out.tokens, ar)) if a != b)
                 mismatches.append({"prompt": i, "method": name, "first_diff": first})
             line.append(f"{name} {out.tau:.2f}")
@@ -163,7 +173,8 @@ def main() -> None:
     if "eagle3_chain" in results and "eagle3_tree" in results:
         targets["eagle3_tree_tau >= eagle3_chain_tau"] = results["eagle3_tree"]["tau"] >= results["eagle3_chain"]["tau"]
     report = {
-        "benchmark": "tau of the tiny Kimi-K2.6 drafters, GSM8K test, greedy, reference decode loop",
+        "benchmark": "tau of the tiny Kimi-K2.6 drafters, GSM8K test, reference decode loop",
+        "decoding": "greedy" if args.temperature <= 0 else f"sampled, temperature {args.temperature:g}, top-p 1",
         "prompts": len(prompts),
         "new_tokens": args.new_tokens,
         "prompt_format": common.PROMPT_FORMAT,
@@ -179,7 +190,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    plot(results, args.png)
+    plot(results, args.png, report["decoding"])
     print(f"\n{'method':14s} {'tau':>6s}  acceptance by position")
     for name, r in results.items():
         print(f"{name:14s} {r['tau']:6.3f}  " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]))

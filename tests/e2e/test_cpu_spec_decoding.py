@@ -1,183 +1,163 @@
-"""SGLang's speculative decoding, served for real on CPU through the plugin: EAGLE3 chains and trees and DFLASH
-chains on the ``kimi_cpu`` attention backend, with the tiny Kimi target.
+"""SGLang's speculative decoding for the tiny Kimi target, served for real on CPU through the plugin, on the
+``kimi_cpu`` attention backend with the embedded trained drafters: DFLASH chain, DFLASH draft trees (DDTree budgets
+8 and 32), EAGLE3 chain and EAGLE3 tree.
 
-- Greedy: every speculative server's tokens equal the non-speculative server's, token for token (several GSM8K
-  prompts, sequential and concurrent), and the log-probabilities it reports for them (computed from its verify
-  forwards: chain and tree masks) equal transformers' for the same tokens.
-- Sampled (temperature 1, top-p 0.9, EAGLE3 tree): every emitted token is an exact sample of the target. Checked
-  with the randomised probability integral transform: under the target's exact conditional distribution p (from
+- Greedy: for 20 GSM8K prompts x 64 new tokens every configuration's tokens equal the non-speculative server's,
+  token for token, at concurrency 1 and 8, and the log-probabilities it reports for them (computed from its verify
+  forwards: chain and tree masks) equal transformers'.
+- tau read from ``/server_info`` is above a floor from the reference decode loop (``speculators.reference``) for
+  the same drafter and configuration; a tree's tau is at least its chain's; the plugin's counters count exactly
+  the verify steps SGLang reports per request, and Prometheus (``--enable-metrics``) carries the same counters.
+- 64 concurrent speculative requests are all answered, with the sequential outputs.
+- Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
+  target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
   transformers, filtered as SGLang's sampler filters) ``u = P(rank < r) + V * p(token)``, V ~ U[0, 1), is uniform,
-  and successive tokens of a request give independent u's. A chi-square test on 10 bins; the same test rejects
-  the outputs greedy verification would have produced.
-
-Drafters: the trained ones in ``sglang_kimi/assets`` when present, else checkpoints of the right formats
-(``drafters.py``): a "logit lens" EAGLE3 drafter (it agrees with the target often, so steps accept several tokens)
-and a random DFLASH drafter.
+  and successive tokens of a request give independent u's; a chi-square test on 10 bins. The same test rejects a
+  server whose verification is made greedy (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=1``).
 """
 
 from __future__ import annotations
 
-import math
-import random
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+import re
 
 import pytest
 import requests
-import torch
 
-from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, plugin_state, start_server
+from sglang_kimi.server import ServerProcess, free_port, group_alive, launch_command, plugin_state
 
-from drafters import write_dflash, write_eagle3
+from spec_common import (
+    KIMI_CPU,
+    TRAINED_DFLASH,
+    TRAINED_EAGLE3,
+    check_greedy_parity,
+    generate_all,
+    gsm8k_prompts,
+    hf_logprobs,
+    reference_tau,
+    sampled_pit_pvalue,
+    spec_metrics,
+)
 
 pytestmark = pytest.mark.e2e
 
 START_TIMEOUT = 900.0
-MAX_NEW_TOKENS = 64
-PROMPTS = [
-    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?\nAnswer:",
-    "Question: Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-    "How much did she earn?\nAnswer:",
-    "Question: Betty is saving money for a new wallet which costs $100. Betty has only half of the money she needs. "
-    "Her parents decided to give her $15 for that purpose, and her grandparents twice as much as her parents. "
-    "How much more money does Betty need to buy the wallet?\nAnswer:",
-]
-TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
-TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
-KIMI_CPU = ["--attention-backend", "kimi_cpu"]
-EAGLE_CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-EAGLE_TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
+NUM_PROMPTS = 20
+# tau of a server may sit a little below the reference loop's: float32 drafts on another code path can rank two
+# near-tied candidates the other way. Anything lower means drafts or acceptance are lost.
+TAU_FLOOR = 0.9
+
+DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
+EAGLE3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3)]
 
 
-@pytest.fixture(scope="module")
-def drafter_paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("spec_drafters")
-    eagle3 = TRAINED_EAGLE3 if (TRAINED_EAGLE3 / "config.json").exists() else write_eagle3(root / "eagle3", kind="lens")
-    dflash = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(root / "dflash")
-    return {"eagle3": eagle3, "dflash": dflash}
+def eagle_args(steps: int, topk: int, tokens: int) -> list[str]:
+    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
 
 
-def _spec_server(tmp_path_factory, name: str, args: list[str]):
-    log = tmp_path_factory.mktemp(name) / "server.log"
-    server = start_server(KIMI_CPU + args, port=free_port(), log_path=log, timeout=START_TIMEOUT)
+# name -> (server arguments, the reference loop's method, the chain configuration a tree must beat)
+CONFIGS = {
+    "dflash-chain": (DFLASH, {"dflash_tree_budget": None}, None),
+    "dflash-tree-8": (DFLASH + ["--speculative-dflash-tree-budget", "8"], {"dflash_tree_budget": 8}, "dflash-chain"),
+    "dflash-tree-32": (DFLASH + ["--speculative-dflash-tree-budget", "32"], {"dflash_tree_budget": 32}, "dflash-chain"),
+    "eagle3-chain": (EAGLE3 + eagle_args(3, 1, 4), {"eagle": (3, 1, 4)}, None),
+    "eagle3-tree": (EAGLE3 + eagle_args(3, 4, 8), {"eagle": (3, 4, 8)}, "eagle3-chain"),
+}  # fmt: skip
+
+
+def launch(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
+    spec = launch_command(KIMI_CPU + ["--enable-metrics"] + args, port=free_port())
+    spec.env.update(env or {})
+    server = ServerProcess(spec, tmp_path_factory.mktemp(name) / "server.log")
+    try:
+        server.wait_ready(START_TIMEOUT)
+    except BaseException:
+        server.stop()
+        raise
     return server
 
 
 @pytest.fixture(scope="module")
-def eagle3_chain_server(tmp_path_factory, drafter_paths):
-    server = _spec_server(tmp_path_factory, "eagle3_chain", [
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter_paths["eagle3"]),
-        *EAGLE_CHAIN])
+def spec_server(request, tmp_path_factory):
+    """One speculative server per configuration (the parameter), stopped before the next one starts."""
+    server = launch(tmp_path_factory, request.param, CONFIGS[request.param][0])
+    server.config = request.param
     yield server
     server.stop()
-    assert not group_alive(server.pgid)
+    assert not group_alive(server.pgid), "the server left processes behind"
 
 
 @pytest.fixture(scope="module")
-def eagle3_tree_server(tmp_path_factory, drafter_paths):
-    server = _spec_server(tmp_path_factory, "eagle3_tree", [
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter_paths["eagle3"]),
-        *EAGLE_TREE])
-    yield server
-    server.stop()
-    assert not group_alive(server.pgid)
+def prompts():
+    return gsm8k_prompts(NUM_PROMPTS)
 
 
 @pytest.fixture(scope="module")
-def dflash_server(tmp_path_factory, drafter_paths):
-    server = _spec_server(tmp_path_factory, "dflash", [
-        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter_paths["dflash"])])
-    yield server
-    server.stop()
-    assert not group_alive(server.pgid)
+def reference(tiny_server, prompts):
+    """The non-speculative server's greedy tokens for every prompt and transformers' log-probabilities of them."""
+    outputs = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1)]
+    return outputs, hf_logprobs(prompts, outputs)
 
 
-def generate(url: str, prompt, max_new_tokens: int = MAX_NEW_TOKENS, logprobs: bool = False, **sampling) -> dict:
-    key = "input_ids" if isinstance(prompt, list) else "text"
-    body = {key: prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
-    if logprobs:
-        body["return_logprob"] = True
-    response = requests.post(url + "/generate", json=body, timeout=1800)
-    response.raise_for_status()
-    return response.json()
+_reference_taus: dict[str, float] = {}
 
 
-@pytest.fixture(scope="module")
-def reference_outputs(tiny_server):
-    """The non-speculative server's greedy tokens for every prompt."""
-    return [generate(tiny_server.base_url, p)["output_ids"] for p in PROMPTS]
+def ref_tau(config: str, prompts) -> float:
+    if config not in _reference_taus:
+        _reference_taus[config] = reference_tau(CONFIGS[config][1], prompts)
+    return _reference_taus[config]
 
 
-@pytest.fixture(scope="module")
-def hf():
-    from sglang_kimi.models.tiny import load_hf_reference
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_greedy_output_equals_non_speculative_and_tau_meets_the_reference(spec_server, prompts, reference):
+    url = spec_server.base_url
+    outputs, logprobs = reference
+    stats = {c: check_greedy_parity(url, prompts, outputs, logprobs, c) for c in (1, 8)}
+    print(spec_server.config, stats)
 
-    model, tokenizer = load_hf_reference()
-    return model, tokenizer
+    metrics = spec_metrics(url)
+    info_steps = sum(s["verify_steps"] for s in stats.values())
+    assert metrics["steps"] == info_steps, "the acceptance counters miss verify steps SGLang reports per request"
 
-
-def hf_logprobs(hf, prompts: list[str], outputs: list[list[int]]) -> list[torch.Tensor]:
-    """transformers' log-probability of every output token, given the prompt and the tokens before it."""
-    model, tokenizer = hf
-    result = []
-    with torch.no_grad():
-        for prompt, out in zip(prompts, outputs):
-            ids = tokenizer(prompt)["input_ids"]
-            tokens = torch.tensor([ids + out])
-            logp = torch.log_softmax(model(tokens).logits.float(), dim=-1)[0]  # [T, V]
-            result.append(logp[len(ids) - 1 : -1].gather(1, torch.tensor(out)[:, None])[:, 0])
-    return result
-
-
-def check_greedy_parity(server, reference_outputs, hf) -> dict:
-    """Sequential and concurrent greedy outputs equal the reference; the reported log-probabilities (from the
-    verify forwards) equal transformers'. Returns the server's decoding statistics."""
-    url = server.base_url
-    started = time.monotonic()
-    sequential = [generate(url, p, logprobs=True) for p in PROMPTS]
-    elapsed = time.monotonic() - started
-    for i, (out, ref) in enumerate(zip(sequential, reference_outputs)):
-        assert out["output_ids"] == ref, f"prompt {i}: speculative greedy output differs from the non-speculative one"
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        concurrent = list(pool.map(lambda p: generate(url, p)["output_ids"], PROMPTS))
-    assert concurrent == reference_outputs
-    expected = hf_logprobs(hf, PROMPTS, reference_outputs)
-    for out, exp in zip(sequential, expected):
-        got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
-        assert got.shape == exp.shape
-        error = (got - exp).abs().max().item()
-        # float32 SGLang and transformers agree to ~1e-6; one wrong mask cell moves these by ~1e-3
-        assert error < 1e-4, f"verify log-probabilities differ from transformers' by {error}"
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in sequential)
-    steps = sum(o["meta_info"]["spec_verify_ct"] for o in sequential)
-    return {"tokens": tokens, "verify_steps": steps, "accept_length": tokens / steps, "tokens_per_s": tokens / elapsed}
+    tau = metrics["tau"]
+    expected = ref_tau(spec_server.config, prompts)
+    print(f"{spec_server.config}: server tau {tau:.3f}, reference loop tau {expected:.3f}")
+    assert tau >= TAU_FLOOR * expected, f"tau {tau:.3f} below {TAU_FLOOR} x the reference loop's {expected:.3f}"
+    chain = CONFIGS[spec_server.config][2]
+    if chain is not None:
+        chain_tau = ref_tau(chain, prompts)
+        assert expected >= chain_tau, f"reference: the tree's tau {expected:.3f} < its chain's {chain_tau:.3f}"
+        assert tau >= TAU_FLOOR * chain_tau, f"tree tau {tau:.3f} below its chain's ({chain_tau:.3f})"
 
 
-def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(eagle3_chain_server):
-    state = plugin_state(eagle3_chain_server.base_url)
-    for name in ("cpu-attention-backend", "cpu-eagle-draft-backends", "cpu-tree-mask-mode", "cpu-dflash-allowed",
-                 "cpu-dflash-record-stream", "input-embeds-model-dtype", "lossless-eagle-sampling",
-                 "lossless-dflash-sampling", "lossless-dflash-sampling-available"):
-        assert state["registrations"][name] == "ok", (name, state["registrations"][name])
+PROMETHEUS_LINE = re.compile(r'^sglang_kimi:spec_accepted_per_position_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')
 
 
-def test_eagle3_chain_greedy_equals_non_speculative(eagle3_chain_server, reference_outputs, hf):
-    stats = check_greedy_parity(eagle3_chain_server, reference_outputs, hf)
-    print("EAGLE3 chain", stats)
-    assert stats["accept_length"] > 1.0, "no verify step accepted a drafted token: multi-token accept not exercised"
+@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
+def test_prometheus_carries_the_per_position_counters(spec_server, prompts):
+    url = spec_server.base_url
+    generate_all(url, prompts[:4], 1)
+    text = requests.get(url + "/metrics", timeout=60).text
+    accepted = {}
+    for line in text.splitlines():
+        match = PROMETHEUS_LINE.match(line)
+        if match:
+            accepted[int(match.group(1))] = float(match.group(2))
+    assert accepted, "no sglang_kimi:spec_accepted_per_position_total in /metrics"
+    snapshot = spec_metrics(url)
+    assert [accepted.get(d, 0.0) for d in range(1, snapshot["max_depth"] + 1)] == snapshot["accepted_per_position"]
+    assert "sglang_kimi:spec_accept_length_total" in text
 
 
-def test_eagle3_tree_greedy_equals_non_speculative(eagle3_tree_server, reference_outputs, hf):
-    stats = check_greedy_parity(eagle3_tree_server, reference_outputs, hf)
-    print("EAGLE3 tree", stats)
-    assert stats["accept_length"] > 1.0, "no verify step accepted a drafted token: multi-token accept not exercised"
-
-
-def test_dflash_chain_greedy_equals_non_speculative(dflash_server, reference_outputs, hf):
-    stats = check_greedy_parity(dflash_server, reference_outputs, hf)
-    print("DFLASH chain", stats)
+@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
+def test_64_concurrent_requests_equal_sequential_runs(spec_server, tiny_server):
+    prompts64 = gsm8k_prompts(64)
+    sequential = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts64, 1, max_new_tokens=32)]
+    concurrent = generate_all(spec_server.base_url, prompts64, 64, max_new_tokens=32)
+    assert len(concurrent) == 64
+    for i, (out, ref) in enumerate(zip(concurrent, sequential)):
+        assert out["output_ids"] == ref, f"request {i} of 64 differs from its sequential output"
+    assert plugin_state(spec_server.base_url)["spec_metrics"]["steps"] > 0
 
 
 # -- sampled decoding ---------------------------------------------------------------------------------------------
@@ -185,99 +165,34 @@ def test_dflash_chain_greedy_equals_non_speculative(dflash_server, reference_out
 TOP_P = 0.9
 SAMPLED_REQUESTS = 80
 SAMPLED_TOKENS = 4
-PIT_BINS = 10
 
 
-def sampler_distribution(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """What SGLang's pytorch sampler draws from at temperature 1 with top-p (its joint top-k/top-p filter)."""
-    probs = torch.softmax(logits.double(), dim=-1)
-    sorted_probs, idx = probs.sort(dim=-1, descending=True)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs[before > top_p] = 0.0
-    filtered = torch.zeros_like(probs).scatter_(-1, idx, sorted_probs)
-    return filtered / filtered.sum(dim=-1, keepdim=True)
-
-
-def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
-    """Randomised PIT of each token under its distribution, ordering the vocabulary by descending probability:
-    ``u = P(ranked above) + V * p(token)``. Returns (u values, tokens outside the distribution's support)."""
-    values, outside = [], 0
-    for dist, token in zip(dists, tokens.tolist()):
-        p = float(dist[token])
-        if p == 0.0:
-            outside += 1
-            continue
-        above = float(dist[dist > p].sum())
-        ranked_before = int((torch.nonzero(dist == p)[:, 0] < token).sum())  # ties broken by token id
-        values.append(above + (ranked_before + rng.random()) * p)
-    return values, outside
-
-
-def chi_square_uniform_pvalue(values: list[float], bins: int = PIT_BINS) -> float:
-    counts = [0] * bins
-    for u in values:
-        counts[min(int(u * bins), bins - 1)] += 1
-    expected = len(values) / bins
-    stat = sum((c - expected) ** 2 / expected for c in counts)
-    return chi2_sf(stat, bins - 1)
-
-
-def chi2_sf(x: float, k: int) -> float:
-    """Survival function of the chi-square distribution with k degrees of freedom (regularised upper gamma)."""
-    a, z = k / 2.0, x / 2.0
-    if z <= 0:
-        return 1.0
-    if z < a + 1:  # series for the lower gamma
-        term = total = 1.0 / a
-        n = a
-        for _ in range(1000):
-            n += 1
-            term *= z / n
-            total += term
-        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
-    # continued fraction for the upper gamma
-    b, c, d = z + 1 - a, 1e300, 1.0 / (z + 1 - a)
-    h = d
-    for i in range(1, 1000):
-        an = -i * (i - a)
-        b += 2
-        d = 1.0 / (an * d + b)
-        c = b + an / c
-        h *= d * c
-    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
-
-
-def test_eagle3_tree_sampling_follows_the_target_distribution(eagle3_tree_server, hf):
-    model, tokenizer = hf
-    prompt = PROMPTS[0]
-    ids = tokenizer(prompt)["input_ids"]
-    url = eagle3_tree_server.base_url
-
-    def one(_):
-        out = generate(url, prompt, SAMPLED_TOKENS, temperature=1.0, top_p=TOP_P)
-        return out["output_ids"], out["meta_info"]["spec_verify_ct"]
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, range(SAMPLED_REQUESTS)))
-    outputs = [o for o, _ in results if len(o) == SAMPLED_TOKENS]
-    assert len(outputs) >= SAMPLED_REQUESTS * 0.9, "too many requests ended early (EOS) for the test"
-    assert sum(steps for _, steps in results) > 0
-
-    with torch.no_grad():
-        tokens = torch.tensor([ids + o for o in outputs])  # [R, P + K]
-        logits = model(tokens).logits.float()[:, len(ids) - 1 : -1]  # [R, K, V]: the conditional of each output
-    dists = sampler_distribution(logits, TOP_P).reshape(-1, logits.shape[-1])
-    emitted = torch.tensor(outputs).reshape(-1)
-    rng = random.Random(1234)
-
-    values, outside = pit_values(dists, emitted, rng)
+@pytest.mark.parametrize("spec_server", ["dflash-tree-8", "eagle3-tree"], indirect=True)
+def test_sampling_follows_the_target_distribution(spec_server, prompts):
+    pvalue, greedy_pvalue, outside = sampled_pit_pvalue(
+        spec_server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P)
+    print(f"sampled {spec_server.config}: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
     # SGLang's and transformers' float32 logits differ by ~1e-6: a token at the top-p boundary may be in one's
     # support and not the other's. That can happen, rarely; anything more is a real difference.
-    assert outside <= max(1, len(emitted) // 100), f"{outside} sampled tokens are outside the target's support"
-    pvalue = chi_square_uniform_pvalue(values)
-    print(f"sampled EAGLE3 tree: {len(values)} tokens, PIT chi-square p-value {pvalue:.3g}")
+    assert outside <= max(1, SAMPLED_REQUESTS * SAMPLED_TOKENS // 100), f"{outside} tokens outside the support"
     assert pvalue > 1e-3, f"sampled tokens do not follow the target distribution (p = {pvalue:.3g})"
+    assert greedy_pvalue < 1e-6, "the test cannot tell argmax tokens from samples"
 
-    # The same test rejects what greedy verification emits (the argmax of each conditional).
-    greedy_values, _ = pit_values(dists, dists.argmax(dim=-1), random.Random(1234))
-    assert chi_square_uniform_pvalue(greedy_values) < 1e-6
+
+def test_the_sampling_test_fails_when_verification_is_made_greedy(tmp_path_factory, prompts):
+    server = launch(tmp_path_factory, "greedy_verify", CONFIGS["dflash-tree-8"][0],
+                    env={"SGLANG_KIMI_DEBUG_GREEDY_VERIFY": "1"})  # fmt: skip
+    try:
+        pvalue, _, _ = sampled_pit_pvalue(server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P)
+    finally:
+        server.stop()
+    print(f"greedy verify: PIT chi-square p-value {pvalue:.3g}")
+    assert pvalue < 1e-3, f"greedily verified samples passed the distribution test (p = {pvalue:.3g})"
+
+
+def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(tiny_server):
+    state = plugin_state(tiny_server.base_url)
+    for name in ("cpu-attention-backend", "cpu-eagle-draft-backends", "cpu-tree-mask-mode", "cpu-dflash-allowed",
+                 "cpu-dflash-record-stream", "input-embeds-model-dtype", "lossless-eagle-sampling",
+                 "lossless-dflash-sampling", "lossless-dflash-sampling-available", "dflash-tree-worker"):
+        assert state["registrations"][name] == "ok", (name, state["registrations"][name])

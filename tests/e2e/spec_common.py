@@ -1,0 +1,258 @@
+"""Shared by the speculative e2e tests: GSM8K prompts, HTTP calls, transformers' log-probabilities, the reference
+loop's tau, and the statistics of the sampling tests.
+
+Prompts are lm-eval's zero-shot GSM8K format ``"Question: {q}\\nAnswer:"`` over the first test questions of
+``../shared/data/gsm8k`` (the data CI runs the GSM8K gate on).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+
+from sglang_kimi.server import ASSETS_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
+TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
+KIMI_CPU = ["--attention-backend", "kimi_cpu"]
+MAX_NEW_TOKENS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def gsm8k_prompts(limit: int) -> tuple[str, ...]:
+    path = GSM8K_DIR / "test.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the e2e tests read GSM8K from ../shared/data/gsm8k")
+    with open(path) as f:
+        questions = [json.loads(line)["question"] for line in f if line.strip()][:limit]
+    return tuple(f"Question: {q}\nAnswer:" for q in questions)
+
+
+def generate(url: str, prompt, max_new_tokens: int = MAX_NEW_TOKENS, logprobs: bool = False, **sampling) -> dict:
+    key = "input_ids" if isinstance(prompt, list) else "text"
+    body = {key: prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
+    if logprobs:
+        body["return_logprob"] = True
+    response = requests.post(url + "/generate", json=body, timeout=1800)
+    response.raise_for_status()
+    return response.json()
+
+
+def generate_all(url: str, prompts, concurrency: int, **kwargs) -> list[dict]:
+    """Every prompt through ``/generate``, ``concurrency`` requests in flight (1: one after another)."""
+    if concurrency == 1:
+        return [generate(url, p, **kwargs) for p in prompts]
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda p: generate(url, p, **kwargs), prompts))
+
+
+def spec_metrics(url: str) -> dict:
+    """The plugin's per-position acceptance counters from ``/server_info``."""
+    info = requests.get(url + "/server_info", timeout=60).json()
+    return info["internal_states"][0]["sglang_kimi"]["spec_metrics"]
+
+
+# -- transformers' reference ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def hf_model():
+    from sglang_kimi.models.tiny import load_hf_reference
+
+    return load_hf_reference()
+
+
+def hf_logprobs(prompts, outputs: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' log-probability of every output token, given the prompt and the tokens before it."""
+    model, tokenizer = hf_model()
+    result = []
+    with torch.no_grad():
+        for prompt, out in zip(prompts, outputs):
+            ids = tokenizer(prompt)["input_ids"]
+            tokens = torch.tensor([ids + out])
+            logp = torch.log_softmax(model(tokens).logits.float(), dim=-1)[0]  # [T, V]
+            result.append(logp[len(ids) - 1 : -1].gather(1, torch.tensor(out)[:, None])[:, 0])
+    return result
+
+
+def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_logprobs, concurrency: int) -> dict:
+    """The server's greedy outputs equal ``reference`` token for token, and the log-probabilities it reports for
+    them (computed from its verify forwards) equal transformers'. Returns throughput figures."""
+    started = time.monotonic()
+    outputs = generate_all(url, prompts, concurrency, logprobs=True)
+    elapsed = time.monotonic() - started
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        got = out["output_ids"]
+        if got != ref:
+            first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+            raise AssertionError(
+                f"prompt {i} at concurrency {concurrency}: speculative greedy output differs from the "
+                f"non-speculative one at token {first}: {got[first:first + 5]} vs {ref[first:first + 5]}"
+            )
+    for i, (out, exp) in enumerate(zip(outputs, expected_logprobs)):
+        got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+        assert got.shape == exp.shape
+        error = (got - exp).abs().max().item()
+        # float32 SGLang and transformers agree to ~1e-6; one wrong mask cell moves these by ~1e-3
+        assert error < 1e-4, f"prompt {i}: verify log-probabilities differ from transformers' by {error}"
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    steps = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
+    return {"tokens": tokens, "verify_steps": steps, "tokens_per_step": tokens / max(steps, 1),
+            "tokens_per_s": tokens / elapsed}  # fmt: skip
+
+
+# -- the reference loop's tau -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_models():
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.dflash import DFlashDrafter
+    from sglang_kimi.speculators.eagle3 import Eagle3Drafter
+
+    target = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)
+    dflash = DFlashDrafter.from_pretrained(TRAINED_DFLASH, dtype=torch.float32)
+    dflash.attach_target(target.embed_tokens.weight, target.lm_head.weight)
+    eagle = Eagle3Drafter.from_pretrained(TRAINED_EAGLE3, dtype=torch.float32)
+    eagle.attach_target(target.embed_tokens.weight)
+    return target, dflash, eagle
+
+
+def reference_proposer(method: dict):
+    """(a fresh proposer, capture layers) of the reference loop for one server configuration: ``method`` is
+    ``{"dflash_tree_budget": B or None}`` or ``{"eagle": (steps, topk, draft tokens)}``."""
+    from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.reference import ChainProposer, DDTreeProposer, EagleProposer
+
+    _, dflash, eagle = _reference_models()
+    if "eagle" in method:
+        steps, topk, tokens = method["eagle"]
+        layers = eagle.config.resolve_target_layer_ids(tiny.TEXT_CONFIG["num_hidden_layers"])
+        return EagleProposer(drafter=eagle.step_drafter(), num_steps=steps, topk=topk, num_draft_tokens=tokens), layers
+    block = dflash.config.block_size
+    layers = dflash.config.resolve_target_layer_ids()
+    budget = method["dflash_tree_budget"]
+    if budget is None:
+        return ChainProposer(drafter=dflash.block_drafter(), num_draft_tokens=block - 1), layers
+    positions = min(block, budget + 1) - 1
+    return DDTreeProposer(drafter=dflash.block_drafter(), num_positions=positions, budget=budget), layers
+
+
+def reference_tau(method: dict, prompts, max_new_tokens: int = MAX_NEW_TOKENS) -> float:
+    """tau (tokens per target forward) of the reference decode loop over the prompts, greedy."""
+    import _drafter_common as common
+
+    from sglang_kimi.speculators.reference import generate as reference_generate
+
+    target, _, _ = _reference_models()
+    _, tokenizer = hf_model()
+    tokens = steps = 0
+    with torch.no_grad():
+        for prompt in prompts:
+            proposer, layers = reference_proposer(method)
+            out = reference_generate(common.CachedTarget(target, layers), tokenizer(prompt)["input_ids"],
+                                     max_new_tokens, proposer=proposer)  # fmt: skip
+            tokens += sum((k + 1) * n for k, n in enumerate(out.accept_histogram))
+            steps += sum(out.accept_histogram)
+    return tokens / steps
+
+
+# -- sampling statistics ----------------------------------------------------------------------------------------
+
+PIT_BINS = 10
+
+
+def sampler_distribution(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """What SGLang's pytorch sampler draws from at temperature 1 with top-p (its joint top-k/top-p filter)."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    sorted_probs, idx = probs.sort(dim=-1, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs[before > top_p] = 0.0
+    filtered = torch.zeros_like(probs).scatter_(-1, idx, sorted_probs)
+    return filtered / filtered.sum(dim=-1, keepdim=True)
+
+
+def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
+    """Randomised PIT of each token under its distribution, ordering the vocabulary by descending probability:
+    ``u = P(ranked above) + V * p(token)``. Returns (u values, tokens outside the distribution's support)."""
+    values, outside = [], 0
+    for dist, token in zip(dists, tokens.tolist()):
+        p = float(dist[token])
+        if p == 0.0:
+            outside += 1
+            continue
+        above = float(dist[dist > p].sum())
+        ranked_before = int((torch.nonzero(dist == p)[:, 0] < token).sum())  # ties broken by token id
+        values.append(above + (ranked_before + rng.random()) * p)
+    return values, outside
+
+
+def chi_square_uniform_pvalue(values: list[float], bins: int = PIT_BINS) -> float:
+    counts = [0] * bins
+    for u in values:
+        counts[min(int(u * bins), bins - 1)] += 1
+    expected = len(values) / bins
+    stat = sum((c - expected) ** 2 / expected for c in counts)
+    return chi2_sf(stat, bins - 1)
+
+
+def chi2_sf(x: float, k: int) -> float:
+    """Survival function of the chi-square distribution with k degrees of freedom (regularised upper gamma)."""
+    a, z = k / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    if z < a + 1:  # series for the lower gamma
+        term = total = 1.0 / a
+        n = a
+        for _ in range(1000):
+            n += 1
+            term *= z / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
+    # continued fraction for the upper gamma
+    b, c, d = z + 1 - a, 1e300, 1.0 / (z + 1 - a)
+    h = d
+    for i in range(1, 1000):
+        an = -i * (i - a)
+        b += 2
+        d = 1.0 / (an * d + b)
+        c = b + an / c
+        h *= d * c
+    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
+
+
+def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p: float) -> tuple[float, float, int]:
+    """Sample ``requests_`` continuations of ``tokens`` tokens (temperature 1, top-p) and test every emitted token
+    against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
+    argmax tokens at the same positions, tokens outside the support)."""
+    model, tokenizer = hf_model()
+    ids = tokenizer(prompt)["input_ids"]
+
+    def one(_):
+        return generate(url, prompt, tokens, temperature=1.0, top_p=top_p)["output_ids"]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(requests_)))
+    outputs = [o for o in results if len(o) == tokens]
+    assert len(outputs) >= requests_ * 0.9, "too many requests ended early (EOS) for the test"
+    with torch.no_grad():
+        batch = torch.tensor([ids + o for o in outputs])  # [R, P + K]
+        logits = model(batch).logits.float()[:, len(ids) - 1 : -1]  # [R, K, V]: the conditional of each output
+    dists = sampler_distribution(logits, top_p).reshape(-1, logits.shape[-1])
+    emitted = torch.tensor(outputs).reshape(-1)
+    values, outside = pit_values(dists, emitted, random.Random(1234))
+    greedy_values, _ = pit_values(dists, dists.argmax(dim=-1), random.Random(1234))
+    return chi_square_uniform_pvalue(values), chi_square_uniform_pvalue(greedy_values), outside
