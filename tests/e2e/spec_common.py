@@ -60,7 +60,7 @@ def generate_all(url: str, prompts, concurrency: int, **kwargs) -> list[dict]:
 def spec_metrics(url: str) -> dict:
     """The plugin's per-position acceptance counters from ``/server_info``."""
     info = requests.get(url + "/server_info", timeout=60).json()
-    return info["internal_states"][0]["sglang_kimi"]["spec_metrics"]
+    return info["internal_states"][0]["sglang_kimi"]["spec_metrics"] or {"steps": 0}  # None before the first step
 
 
 # -- transformers' reference ------------------------------------------------------------------------------------

@@ -112,12 +112,13 @@ def ref_tau(config: str, prompts) -> float:
 def test_greedy_output_equals_non_speculative_and_tau_meets_the_reference(spec_server, prompts, reference):
     url = spec_server.base_url
     outputs, logprobs = reference
+    steps_before = spec_metrics(url)["steps"]
     stats = {c: check_greedy_parity(url, prompts, outputs, logprobs, c) for c in (1, 8)}
     print(spec_server.config, stats)
 
     metrics = spec_metrics(url)
     info_steps = sum(s["verify_steps"] for s in stats.values())
-    assert metrics["steps"] == info_steps, "the acceptance counters miss verify steps SGLang reports per request"
+    assert metrics["steps"] - steps_before == info_steps, "the counters miss verify steps SGLang reports per request"
 
     tau = metrics["tau"]
     expected = ref_tau(spec_server.config, prompts)
@@ -149,15 +150,20 @@ def test_prometheus_carries_the_per_position_counters(spec_server, prompts):
     assert "sglang_kimi:spec_accept_length_total" in text
 
 
-@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
-def test_64_concurrent_requests_equal_sequential_runs(spec_server, tiny_server):
+@pytest.fixture(scope="module")
+def sequential64(tiny_server):
+    """64 GSM8K prompts and the non-speculative server's greedy outputs, one request at a time."""
     prompts64 = gsm8k_prompts(64)
-    sequential = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts64, 1, max_new_tokens=32)]
+    return prompts64, [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts64, 1, max_new_tokens=32)]
+
+
+@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
+def test_64_concurrent_requests_equal_sequential_runs(spec_server, sequential64):
+    prompts64, sequential = sequential64
     concurrent = generate_all(spec_server.base_url, prompts64, 64, max_new_tokens=32)
     assert len(concurrent) == 64
     for i, (out, ref) in enumerate(zip(concurrent, sequential)):
         assert out["output_ids"] == ref, f"request {i} of 64 differs from its sequential output"
-    assert plugin_state(spec_server.base_url)["spec_metrics"]["steps"] > 0
 
 
 # -- sampled decoding ---------------------------------------------------------------------------------------------
