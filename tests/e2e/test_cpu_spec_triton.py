@@ -15,8 +15,6 @@ import torch
 
 from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, plugin_state, start_server
 
-from drafters import write_eagle3
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROMPT = (
@@ -47,7 +45,7 @@ def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
 
 def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch):
     reference = generate(tiny_server.base_url)["output_ids"]
-    drafter = TRAINED_EAGLE3 if (TRAINED_EAGLE3 / "config.json").exists() else write_eagle3(tmp_path / "e3", kind="lens")
+    drafter = TRAINED_EAGLE3
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the server processes only (Triton is decorated here)
     server = start_server(
         ["--attention-backend", "triton", "--speculative-algorithm", "EAGLE3",
