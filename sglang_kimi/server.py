@@ -44,6 +44,7 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--max-total-tokens": "65536",
     "--skip-server-warmup": None,
     "--language-model-only": None,  # text only: image inputs need the real torchvision
+    "--sleep-on-idle": None,  # an idle scheduler otherwise spins a core: servers side by side starve each other
 }
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
