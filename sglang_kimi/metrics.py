@@ -106,7 +106,9 @@ def max_draft_depth(spec, plugin) -> int:
 _stats: AcceptanceStats | None = None
 
 
-def stats_for(scheduler) -> AcceptanceStats:
+def stats_for(reporter) -> AcceptanceStats:
+    """The counters of this scheduler process, created at its first speculative step (Prometheus counters too
+    when the server runs with ``--enable-metrics``: SGLang's ``SchedulerMetricsReporter.enable_metrics``)."""
     global _stats
     if _stats is None:
         from sglang.srt.runtime_context import get_spec
@@ -114,8 +116,8 @@ def stats_for(scheduler) -> AcceptanceStats:
         from sglang_kimi.algorithms import plugin_args
 
         _stats = AcceptanceStats(
-            max_draft_depth(get_spec(), plugin_args(scheduler.server_args)),
-            prometheus=bool(getattr(scheduler, "enable_metrics", False)),
+            max_draft_depth(get_spec(), plugin_args(reporter.scheduler.server_args)),
+            prometheus=bool(reporter.enable_metrics),
         )
     return _stats
 
@@ -125,11 +127,16 @@ def current_snapshot() -> dict | None:
 
 
 def _record_step(result_none, reporter, batch, result):
-    """After SGLang's spec-v2 metrics snapshot: the step's accept lengths are on the host here."""
+    """After SGLang's spec-v2 metrics snapshot: the step's accept lengths are on the host here. Requests already
+    finished or retracted ride along in an overlapped batch; SGLang settles nothing for them (nor counts their
+    ``spec_verify_ct``), and neither do these counters."""
     if result.accept_lens is None or batch.spec_algorithm.is_none():
         return None
-    accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)
-    stats_for(reporter.scheduler).record(accepted)
+    accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)  # [bs]
+    live = torch.tensor([not (req.is_retracted or req.finished()) for req in batch.reqs], dtype=torch.bool)
+    if len(live) == len(accepted):
+        accepted = accepted[live.to(accepted.device)]
+    stats_for(reporter).record(accepted)
     return None
 
 

@@ -28,6 +28,9 @@ TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
 MAX_NEW_TOKENS = 64
 
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))  # _drafter_common: the tau benchmark's cached target
+
 
 @functools.lru_cache(maxsize=None)
 def gsm8k_prompts(limit: int) -> tuple[str, ...]:
@@ -117,8 +120,6 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
 
 @functools.lru_cache(maxsize=1)
 def _reference_models():
-    if str(REPO / "scripts") not in sys.path:
-        sys.path.insert(0, str(REPO / "scripts"))
     from sglang_kimi.models import tiny
     from sglang_kimi.speculators.dflash import DFlashDrafter
     from sglang_kimi.speculators.eagle3 import Eagle3Drafter
