@@ -32,7 +32,10 @@ class AcceptanceStats:
 
     def record(self, accepted_drafts: torch.Tensor) -> None:
         """accepted_drafts [bs] int: drafts accepted by each request this step (bonus excluded)."""
-        counts = torch.bincount(accepted_drafts.long().clamp(0, self.max_depth), minlength=self.max_depth + 1)
+        counts = torch.bincount(
+            accepted_drafts.long().clamp(0, self.max_depth),
+            minlength=self.max_depth + 1,
+        )
         counts = counts.tolist()
         steps = sum(counts)
         with self._lock:
@@ -131,13 +134,16 @@ def _record_step(result_none, reporter, batch, result):
     finished or retracted ride along in an overlapped batch; SGLang settles nothing for them (nor counts their
     ``spec_verify_ct``), and neither do these counters."""
     if result.accept_lens is None or batch.spec_algorithm.is_none():
-        return None
+        return
     accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)  # [bs]
-    live = torch.tensor([not (req.is_retracted or req.finished()) for req in batch.reqs], dtype=torch.bool)
+    live = torch.tensor(
+        [not (req.is_retracted or req.finished()) for req in batch.reqs],
+        dtype=torch.bool,
+    )
     if len(live) == len(accepted):
         accepted = accepted[live.to(accepted.device)]
     stats_for(reporter).record(accepted)
-    return None
+    return
 
 
 def install():

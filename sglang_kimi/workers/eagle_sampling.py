@@ -146,7 +146,9 @@ def eagle_sample_lossless(
             watermark_state=watermark_state,
             watermark_full_mask=watermark_full_mask,
         )
-    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+    from sglang.srt.sampling.penaltylib.repetition_penalty import (
+        apply_scaling_penalties,
+    )
     from sglang.srt.speculative.eagle_utils import _verify_coins
     from sglang.srt.utils.async_probe import sanitize_nan_logits
 

@@ -32,7 +32,7 @@ if str(REPO / "scripts") not in sys.path:
     sys.path.insert(0, str(REPO / "scripts"))  # _drafter_common: the tau benchmark's cached target
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gsm8k_prompts(limit: int) -> tuple[str, ...]:
     path = GSM8K_DIR / "test.jsonl"
     if not path.exists():
@@ -42,9 +42,22 @@ def gsm8k_prompts(limit: int) -> tuple[str, ...]:
     return tuple(f"Question: {q}\nAnswer:" for q in questions)
 
 
-def generate(url: str, prompt, max_new_tokens: int = MAX_NEW_TOKENS, logprobs: bool = False, **sampling) -> dict:
+def generate(
+    url: str,
+    prompt,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    logprobs: bool = False,
+    **sampling,
+) -> dict:
     key = "input_ids" if isinstance(prompt, list) else "text"
-    body = {key: prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
+    body = {
+        key: prompt,
+        "sampling_params": {
+            "max_new_tokens": max_new_tokens,
+            "temperature": 0.0,
+            **sampling,
+        },
+    }
     if logprobs:
         body["return_logprob"] = True
     response = requests.post(url + "/generate", json=body, timeout=1800)
@@ -98,10 +111,13 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
     for i, (out, ref) in enumerate(zip(outputs, reference)):
         got = out["output_ids"]
         if got != ref:
-            first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+            first = next(
+                (j for j, (a, b) in enumerate(zip(got, ref)) if a != b),
+                min(len(got), len(ref)),
+            )
             raise AssertionError(
                 f"prompt {i} at concurrency {concurrency}: speculative greedy output differs from the "
-                f"non-speculative one at token {first}: {got[first:first + 5]} vs {ref[first:first + 5]}"
+                f"non-speculative one at token {first}: {got[first : first + 5]} vs {ref[first : first + 5]}"
             )
     for i, (out, exp) in enumerate(zip(outputs, expected_logprobs)):
         got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
@@ -120,9 +136,10 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
 
 @functools.lru_cache(maxsize=1)
 def _reference_models():
-    from sglang_kimi.models import tiny
     from sglang_kimi.speculators.dflash import DFlashDrafter
     from sglang_kimi.speculators.eagle3 import Eagle3Drafter
+
+    from sglang_kimi.models import tiny
 
     target = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)
     dflash = DFlashDrafter.from_pretrained(TRAINED_DFLASH, dtype=torch.float32)
@@ -135,14 +152,24 @@ def _reference_models():
 def reference_proposer(method: dict):
     """(a fresh proposer, capture layers) of the reference loop for one server configuration: ``method`` is
     ``{"dflash_tree_budget": B or None}`` or ``{"eagle": (steps, topk, draft tokens)}``."""
+    from sglang_kimi.speculators.reference import (
+        ChainProposer,
+        DDTreeProposer,
+        EagleProposer,
+    )
+
     from sglang_kimi.models import tiny
-    from sglang_kimi.speculators.reference import ChainProposer, DDTreeProposer, EagleProposer
 
     _, dflash, eagle = _reference_models()
     if "eagle" in method:
         steps, topk, tokens = method["eagle"]
         layers = eagle.config.resolve_target_layer_ids(tiny.TEXT_CONFIG["num_hidden_layers"])
-        return EagleProposer(drafter=eagle.step_drafter(), num_steps=steps, topk=topk, num_draft_tokens=tokens), layers
+        return EagleProposer(
+            drafter=eagle.step_drafter(),
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=tokens,
+        ), layers
     block = dflash.config.block_size
     layers = dflash.config.resolve_target_layer_ids()
     budget = method["dflash_tree_budget"]
@@ -155,7 +182,6 @@ def reference_proposer(method: dict):
 def reference_tau(method: dict, prompts, max_new_tokens: int = MAX_NEW_TOKENS) -> float:
     """tau (tokens per target forward) of the reference decode loop over the prompts, greedy."""
     import _drafter_common as common
-
     from sglang_kimi.speculators.reference import generate as reference_generate
 
     target, _, _ = _reference_models()
@@ -256,4 +282,8 @@ def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p
     emitted = torch.tensor(outputs).reshape(-1)
     values, outside = pit_values(dists, emitted, random.Random(1234))
     greedy_values, _ = pit_values(dists, dists.argmax(dim=-1), random.Random(1234))
-    return chi_square_uniform_pvalue(values), chi_square_uniform_pvalue(greedy_values), outside
+    return (
+        chi_square_uniform_pvalue(values),
+        chi_square_uniform_pvalue(greedy_values),
+        outside,
+    )

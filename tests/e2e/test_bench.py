@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from drafters import write_dflash
 from sglang_kimi import cli
 from sglang_kimi.server import ASSETS_DIR
 
@@ -38,7 +37,7 @@ def _check_level(level: dict, concurrency: int, prompts: int, output_len: int) -
 
 
 def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, capsys):
-    drafter = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(tmp_path / "dflash")
+    drafter = TRAINED_DFLASH
     server_args = (
         f"--attention-backend kimi_cpu --mem-fraction-static 0.3 --speculative-algorithm DFLASH "
         f"--speculative-draft-model-path {drafter}"

@@ -22,9 +22,6 @@ import re
 
 import pytest
 import requests
-
-from sglang_kimi.server import ServerProcess, free_port, group_alive, launch_command, plugin_state
-
 from spec_common import (
     KIMI_CPU,
     TRAINED_DFLASH,
@@ -38,6 +35,14 @@ from spec_common import (
     spec_metrics,
 )
 
+from sglang_kimi.server import (
+    ServerProcess,
+    free_port,
+    group_alive,
+    launch_command,
+    plugin_state,
+)
+
 pytestmark = pytest.mark.e2e
 
 START_TIMEOUT = 900.0
@@ -46,8 +51,18 @@ NUM_PROMPTS = 20
 # near-tied candidates the other way. Anything lower means drafts or acceptance are lost.
 TAU_FLOOR = 0.9
 
-DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
-EAGLE3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3)]
+DFLASH = [
+    "--speculative-algorithm",
+    "DFLASH",
+    "--speculative-draft-model-path",
+    str(TRAINED_DFLASH),
+]
+EAGLE3 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    str(TRAINED_EAGLE3),
+]
 
 
 def eagle_args(steps: int, topk: int, tokens: int) -> list[str]:
@@ -176,7 +191,8 @@ SAMPLED_TOKENS = 4
 @pytest.mark.parametrize("spec_server", ["dflash-tree-8", "eagle3-tree"], indirect=True)
 def test_sampling_follows_the_target_distribution(spec_server, prompts):
     pvalue, greedy_pvalue, outside = sampled_pit_pvalue(
-        spec_server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P)
+        spec_server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P
+    )
     print(f"sampled {spec_server.config}: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
     # SGLang's and transformers' float32 logits differ by ~1e-6: a token at the top-p boundary may be in one's
     # support and not the other's. That can happen, rarely; anything more is a real difference.
@@ -198,7 +214,19 @@ def test_the_sampling_test_fails_when_verification_is_made_greedy(tmp_path_facto
 
 def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(tiny_server):
     state = plugin_state(tiny_server.base_url)
-    for name in ("cpu-attention-backend", "cpu-eagle-draft-backends", "cpu-tree-mask-mode", "cpu-dflash-allowed",
-                 "cpu-dflash-record-stream", "input-embeds-model-dtype", "lossless-eagle-sampling",
-                 "lossless-dflash-sampling", "lossless-dflash-sampling-available", "dflash-tree-worker"):
-        assert state["registrations"][name] == "ok", (name, state["registrations"][name])
+    for name in (
+        "cpu-attention-backend",
+        "cpu-eagle-draft-backends",
+        "cpu-tree-mask-mode",
+        "cpu-dflash-allowed",
+        "cpu-dflash-record-stream",
+        "input-embeds-model-dtype",
+        "lossless-eagle-sampling",
+        "lossless-dflash-sampling",
+        "lossless-dflash-sampling-available",
+        "dflash-tree-worker",
+    ):
+        assert state["registrations"][name] == "ok", (
+            name,
+            state["registrations"][name],
+        )

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from drafters import write_dflash
 from sglang_kimi import cli
 from sglang_kimi.server import ASSETS_DIR, TINY_MODEL, free_port, start_server
 
@@ -107,7 +106,7 @@ def _report(out_dir: Path) -> tuple[dict, str]:
 
 def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, capsys):
     """--launch: the tiny model without and with DFLASH speculative decoding (same attention backend)."""
-    drafter = TRAINED_DFLASH if (TRAINED_DFLASH / "config.json").exists() else write_dflash(tmp_path / "dflash")
+    drafter = TRAINED_DFLASH
     dflash = f"--speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
     code = cli.main(
         [
