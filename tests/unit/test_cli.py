@@ -106,3 +106,15 @@ def test_tune_moe_refuses_without_gpu():
     out = _sglang_kimi("tune", "moe", "--max-configs", "1")
     assert out.returncode != 0
     assert "needs a CUDA or ROCm GPU" in out.stderr
+
+
+def test_demo_compares_answers_by_text_and_the_reference_tokens():
+    from sglang_kimi.demo import Answer, same_answer
+
+    reference = Answer("q", "So 2 + 2 = 4.", [5, 6, 7], 1.0)
+    assert same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6, 7], 0.5), reference)
+    # a speculative step accepted two tokens past the stop string: the text is trimmed, the ids are not
+    assert same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6, 7, 8, 9], 0.5), reference)
+    assert not same_answer(Answer("q", "So 2 + 2 = 5.", [5, 6, 7], 0.5), reference)
+    assert not same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6, 8, 9], 0.5), reference)
+    assert not same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6], 0.5), reference)
