@@ -43,11 +43,6 @@ def cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
     print(f"sglang-kimi {__version__}: starting SGLang on {mode} at {spec.base_url}", flush=True)
     print("  " + " ".join(spec.argv[1:]), flush=True)
     server = ServerProcess(spec)
-
-    def _stop(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
     try:
         return server.proc.wait()
     except KeyboardInterrupt:
@@ -176,8 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None:
+        # As the command: SIGTERM unwinds like Ctrl-C, so every server a command started is stopped with its group.
+        signal.signal(signal.SIGTERM, _interrupt)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         args, rest = parser.parse_known_args(argv)
