@@ -18,21 +18,10 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_FIXES_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
+    from _child_process import run_file_in_child
 
     def test_cpu_fixes_in_a_cpu_sglang_process():
-        from sglang_kimi.server import SHIMS_DIR
-
-        env = dict(os.environ, PYTHONPATH=str(SHIMS_DIR), SGLANG_USE_CPU_ENGINE="1", **{CHILD_ENV: "1"})
-        env.pop("TRITON_INTERPRET", None)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+        run_file_in_child(__file__, CHILD_ENV, cpu_engine=True)
 
 else:
     from types import SimpleNamespace

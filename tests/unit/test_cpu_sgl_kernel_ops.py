@@ -10,8 +10,6 @@ one test runs that child and fails with its output.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,21 +17,10 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_OPS_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
+    from _child_process import run_file_in_child
 
     def test_cpu_ops_match_sglang_triton_kernels():
-        from sglang_kimi.server import SHIMS_DIR
-
-        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SHIMS_DIR), **{CHILD_ENV: "1"})
-        env.pop("SGLANG_USE_CPU_ENGINE", None)  # SGLang's GPU code path (the Triton kernels) is the reference
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+        run_file_in_child(__file__, CHILD_ENV, cpu_engine=False)
 
 else:
     from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
