@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -128,15 +129,39 @@ def same_answer(answer: Answer, reference: Answer) -> bool:
     return answer.text == reference.text and ids[: len(ref)] == ref
 
 
+def matches_reference(result: ModeResult, reference: ModeResult) -> bool:
+    """Whether every answer of ``result`` equals the reference mode's (:func:`same_answer`). The summary table and
+    the demo's exit code both come from this one function."""
+    return len(result.answers) == len(reference.answers) and all(
+        same_answer(a, r) for a, r in zip(result.answers, reference.answers)
+    )
+
+
+def registration_failed(result: ModeResult) -> bool:
+    """The scheduler reported a failed registration, or no plugin state at all."""
+    return bool(result.state.get("failed")) or not result.state.get("registrations")
+
+
 def print_summary(results: list[ModeResult]) -> None:
     reference = results[0]
     print(f"\n{'mode':<15} {'tokens/s':>9} {'tau':>6}  {'= autoregressive':<17} acceptance by draft position")
     for result in results:
         metrics = result.state.get("spec_metrics")
         tau = f"{metrics['tau']:.2f}" if metrics and metrics.get("tau") else "1.00"
-        same = all(same_answer(a, r) for a, r in zip(result.answers, reference.answers))
-        identical = "reference" if result is reference else ("yes" if same else "NO")
-        print(f"{result.name:<15} {result.tokens_per_second:>9.1f} {tau:>6}  {identical:<17} {format_rates(metrics)}")
+        same = "reference" if result is reference else ("yes" if matches_reference(result, reference) else "NO")
+        print(f"{result.name:<15} {result.tokens_per_second:>9.1f} {tau:>6}  {same:<17} {format_rates(metrics)}")
+
+
+def exit_code(results: list[ModeResult]) -> int:
+    """0 when every mode registered the plugin and reproduced the reference's answers, else 1 (with the reason)."""
+    reference = results[0]
+    problems = [f"{r.name}: the plugin's registration failed" for r in results if registration_failed(r)]
+    problems += [
+        f"{r.name}: an answer differs from {reference.name}'s" for r in results[1:] if not matches_reference(r, reference)
+    ]
+    for problem in problems:
+        print(f"demo: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -155,8 +180,4 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"Answer: {answer.text}")
         print(f"{name}: {result.tokens_per_second:.1f} tokens/s; server stopped", flush=True)
     print_summary(results)
-    failed = any(r.state.get("failed") or not r.state.get("registrations") for r in results)
-    differs = any(
-        a.output_ids != b.output_ids for r in results[1:] for a, b in zip(r.answers, results[0].answers)
-    )
-    return 1 if failed or differs else 0
+    return exit_code(results)

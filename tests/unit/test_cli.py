@@ -118,3 +118,28 @@ def test_demo_compares_answers_by_text_and_the_reference_tokens():
     assert not same_answer(Answer("q", "So 2 + 2 = 5.", [5, 6, 7], 0.5), reference)
     assert not same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6, 8, 9], 0.5), reference)
     assert not same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6], 0.5), reference)
+
+
+def test_demo_exit_code_follows_the_table(capsys):
+    """The table's "= autoregressive" column and the exit code come from one comparison: a speculative answer that
+    overshoots a stop string in output_ids (same text) exits 0, a real difference or a failed registration exits 1."""
+    from sglang_kimi.demo import Answer, ModeResult, exit_code, print_summary
+
+    ok_state = {"registrations": {"server-info": "ok"}, "failed": []}
+    reference = ModeResult("autoregressive", [Answer("q", "So 4.", [5, 6, 7], 1.0)], ok_state)
+    overshoot = ModeResult("dflash-tree", [Answer("q", "So 4.", [5, 6, 7, 8, 9], 0.5)], ok_state)
+    print_summary([reference, overshoot])
+    assert "reference" in capsys.readouterr().out
+    assert exit_code([reference, overshoot]) == 0
+
+    differs = ModeResult("dflash-chain", [Answer("q", "So 5.", [5, 6, 9], 0.5)], ok_state)
+    print_summary([reference, overshoot, differs])
+    table = capsys.readouterr().out
+    assert " yes " in table and " NO " in table
+    assert exit_code([reference, overshoot, differs]) == 1
+    assert "dflash-chain: an answer differs" in capsys.readouterr().err
+
+    failed = ModeResult("eagle3-tree", overshoot.answers, {"registrations": {"x": "failed: boom"}, "failed": ["x"]})
+    assert exit_code([reference, failed]) == 1
+    assert exit_code([reference, ModeResult("eagle3-tree", overshoot.answers, {})]) == 1
+    assert exit_code([reference, ModeResult("eagle3-tree", [], ok_state)]) == 1  # a missing answer is a difference
