@@ -30,6 +30,11 @@ MAX_TREE_BUDGET = 63
 # Attention backends that apply an arbitrary tree mask to MLA verify (TARGET_VERIFY with a FULL_MASK custom mask).
 # FlashInfer-MLA, trtllm-mla, FlashMLA, cutedsl-mla and fa3 verify chains only with Kimi's MLA.
 TREE_MASK_BACKENDS = ("triton", "kimi_cpu")
+# Attention backends that serve speculative decoding (TARGET_VERIFY, draft extend, EAGLE multi-step draft, DFLASH's
+# non-causal draft block) on --device cpu: the plugin's kimi_cpu, and triton under TRITON_INTERPRET=1. SGLang's
+# torch_native has no TARGET_VERIFY (the first verify fails in _run_sdpa_forward_extend) and intel_amx needs the
+# compiled CPU sgl_kernel.
+CPU_SPECULATIVE_BACKENDS = ("kimi_cpu", "triton")
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,23 @@ def _check_tree_backend(cfg) -> None:
         )
 
 
+def _check_cpu_backend(cfg, algorithm: str) -> None:
+    """On --device cpu, every attention backend a speculative step uses must serve verify and draft forwards."""
+    if (cfg.device or "").lower() != "cpu":
+        return
+    for flag, backend in (
+        ("--attention-backend", cfg.attention_backend),
+        ("--decode-attention-backend", cfg.decode_attention_backend),
+        ("--prefill-attention-backend", cfg.prefill_attention_backend),
+    ):
+        if backend is not None and backend not in CPU_SPECULATIVE_BACKENDS:
+            raise SpeculativeConfigError(
+                f"--speculative-algorithm {algorithm} on --device cpu needs an attention backend that serves "
+                f"verify and draft forwards, but {flag} is {backend}: use --attention-backend "
+                f"{' or '.join(CPU_SPECULATIVE_BACKENDS)} (triton only under TRITON_INTERPRET=1)"
+            )
+
+
 def _resolve_speculative(original, server_args):
     """Around SGLang's ``handle_speculative_decoding``: the plugin's checks before, tree resolution after."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
@@ -168,6 +190,8 @@ def _resolve_speculative(original, server_args):
     cfg = resolving_view(server_args)
     args = plugin_args(server_args)
     algorithm = (cfg.speculative_algorithm or "").upper() or None
+    if algorithm is not None:
+        _check_cpu_backend(cfg, algorithm)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
         _check_tree_backend(cfg)

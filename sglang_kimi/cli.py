@@ -16,7 +16,8 @@ from sglang_kimi.demo import MODES
 SERVE_EPILOG = """\
 Every argument not listed above goes to `python -m sglang.launch_server` unchanged. Defaults added when not
 given: --model-path (the embedded tiny Kimi-K2.6 model), --host 127.0.0.1, --port 30000. On a machine without
-a GPU also: SGLANG_USE_CPU_ENGINE=1, --device cpu, --attention-backend torch_native, --sampling-backend pytorch,
+a GPU also: SGLANG_USE_CPU_ENGINE=1, --device cpu, --attention-backend kimi_cpu (the plugin's CPU backend,
+which serves autoregressive and every speculative mode), --sampling-backend pytorch,
 --disable-cuda-graph, --dtype float32, and the CPU import shims for sgl_kernel / torchvision.
 
 examples:

@@ -1,7 +1,7 @@
 """Launch real SGLang server processes with the plugin, on a GPU box or on this CPU.
 
 On a machine without a GPU, :func:`launch_command` applies SGLang's CPU settings (``SGLANG_USE_CPU_ENGINE=1``,
-``--device cpu``, the torch_native attention backend, the pytorch sampler, no CUDA graph, float32) and puts the
+``--device cpu``, the plugin's ``kimi_cpu`` attention backend, the pytorch sampler, no CUDA graph, float32) and puts the
 CPU import shims (``sglang_kimi/cpu/shims``) on the server's ``PYTHONPATH`` for the packages that cannot be
 imported here. The server runs in its own process group, and :meth:`ServerProcess.stop` ends the whole group:
 SIGTERM alone can leave SGLang's scheduler and detokenizer behind.
@@ -24,6 +24,7 @@ from pathlib import Path
 import requests
 
 from sglang_kimi import SUPPORTED_SGLANG
+from sglang_kimi.cpu import KIMI_CPU_BACKEND
 
 SHIMS_DIR = Path(__file__).parent / "cpu" / "shims"
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -36,7 +37,8 @@ DEFAULT_PORT = 30000
 # Flags applied on a CPU-only machine unless the user gives them.
 CPU_DEFAULTS: dict[str, str | None] = {
     "--device": "cpu",
-    "--attention-backend": "torch_native",
+    # the plugin's CPU backend serves every mode (autoregressive, chains, trees, drafts); torch_native cannot verify
+    "--attention-backend": KIMI_CPU_BACKEND,
     "--sampling-backend": "pytorch",
     "--disable-cuda-graph": None,
     "--dtype": "float32",  # float32 on CPU: exact parity with transformers; bf16 CPU matmuls differ by ~2e-3

@@ -34,7 +34,7 @@ def test_every_command_has_help(command):
 
 def test_serve_help_explains_pass_through_and_cpu_defaults():
     text = _sglang_kimi("serve", "--help").stdout
-    assert "sglang.launch_server" in text and "--attention-backend torch_native" in text
+    assert "sglang.launch_server" in text and "--attention-backend kimi_cpu" in text
 
 
 def _error_line(capsys) -> str:
@@ -88,7 +88,7 @@ def test_cpu_launch_command_applies_defaults_and_keeps_user_flags(tmp_path):
     argv = spec.argv
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert argv[argv.index("--device") + 1] == "cpu"
-    assert argv[argv.index("--attention-backend") + 1] == "torch_native"
+    assert argv[argv.index("--attention-backend") + 1] == "kimi_cpu"  # serves every speculative mode
     assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
     assert spec.env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert set(spec.shims) <= {"sgl_kernel", "torchvision"}
