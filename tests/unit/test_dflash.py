@@ -233,7 +233,9 @@ def test_context_kv_is_per_token():
         ctx = model.project_context(feats)[None]
         k_all, v_all = attn.context_kv(ctx, *rope.cos_sin(torch.arange(10)[None]))
         k_pre, v_pre = attn.context_kv(ctx[:, :4], *rope.cos_sin(torch.arange(4)[None]))
-    assert torch.allclose(k_all[:, :4], k_pre) and torch.allclose(v_all[:, :4], v_pre)
+    # a 10-row and a 4-row float32 projection may take different GEMM kernels: ulp-level differences on O(1)
+    # values (the default atol 1e-8 would fail near-zero entries); a wrong row or position moves them by > 1
+    assert torch.allclose(k_all[:, :4], k_pre, atol=1e-5) and torch.allclose(v_all[:, :4], v_pre, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -346,4 +348,7 @@ def test_compact_target_matches_hf_reference():
     for target in (common.tiny_target(compact, layers), cached):
         out = target(ids, pos, mask)
         assert torch.allclose(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
-        assert torch.allclose(out.hidden_states, ref.hidden_states, atol=1e-4, rtol=1e-4)
+        # float32 hidden states carry outlier channels of ~200 (spacing 1.5e-5): two implementations' rounding
+        # leaves a few ulps of the row's largest entries in every channel (4.6e-5 measured, also on entries of 0.3);
+        # one wrong tree-mask cell moves them by > 0.7
+        assert torch.allclose(out.hidden_states, ref.hidden_states, atol=1e-3, rtol=1e-4)

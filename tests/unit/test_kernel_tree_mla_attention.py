@@ -147,7 +147,9 @@ def test_ref_chunking_is_invisible():
     q, kv, r2t, pool, prefix, mask = make_case(4, 4, 2, 16, 16, [10, 60, 3, 33], gen)
     whole = tm.tree_mla_attention_ref(q, kv, r2t, pool, prefix, mask, 0.4, kv_lora_rank=16)
     chunked = tm.tree_mla_attention_ref(q, kv, r2t, pool, prefix, mask, 0.4, kv_lora_rank=16, max_elements=1)
-    assert torch.allclose(whole, chunked, atol=1e-6)
+    # other matmul shapes (padded to the chunk's longest request): float32 rounding of sums over <= 64 keys of O(1)
+    # values, up to 64 * 6e-8 ~ 4e-6 absolute; reading another request's rows or mask moves outputs by > 0.8
+    assert torch.allclose(whole, chunked, atol=1e-5)
 
 
 def test_bad_masks_rejected():

@@ -103,7 +103,8 @@ def test_process_logits_matches_sglang_sampler() -> None:
     expected = torch.zeros_like(probs).scatter_(-1, kept_ids.long(), kept)
     expected = expected / expected.sum(dim=-1, keepdim=True)
     assert torch.equal(ours > 0, expected > 0)
-    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    # float32 renormalisation over up to 40 kept probabilities, summed in another order: <= 40 * 6e-8 relative
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
     assert (ours > 0).sum(dim=-1).min() >= 1 and ((ours > 0).sum(dim=-1) < vocab).any()
 
 
