@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument(
+        "--strict",
+        action="store_true",
+        help="also audit the plugin against the installed SGLang: every hook target of the registration table "
+        "resolves, every hook still fits its target's signature, every serving module imports, the SGLang version "
+        "is in the supported range and SGLang's plugin loader sees the entry point. Exit 1 naming each problem "
+        "(the gate of an image build)",
+    )
+    doctor.add_argument(
         "--model-path",
         default=None,
         help="a local Kimi checkpoint folder: also report the vision tower and projector bytes that text-only "

@@ -16,14 +16,19 @@ PACKAGES = ("sglang", "torch", "triton", "transformers", "amd-aiter", "lm-eval")
 STATE_MARK = "SGLANG_KIMI_STATE="
 
 # Runs in a fresh interpreter with the environment `sglang-kimi serve` gives SGLang: SGLang's own plugin loader,
-# then the plugin's record of what it registered and whether SGLang applied each hook.
+# then the plugin's record of what it registered and whether SGLang applied each hook; with "strict" also the
+# audit of every hook target, hook signature and serving module against this SGLang (sglang_kimi/audit.py).
 PROBE = f"""
-import json
-from sglang.srt.plugins import load_plugins
+import json, sys
+from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins
 load_plugins()
 from sglang_kimi.plugin import plugin_state
 from sglang_kimi.kernels import active_overrides
-print({STATE_MARK!r} + json.dumps({{"plugin": plugin_state(), "kernel_overrides": active_overrides()}}))
+report = {{"plugin": plugin_state(), "kernel_overrides": active_overrides(), "plugin_group": GENERAL_PLUGINS_GROUP}}
+if "strict" in sys.argv[1:]:
+    from sglang_kimi.audit import audit
+    report["audit"] = audit()
+print({STATE_MARK!r} + json.dumps(report))
 """
 
 
@@ -47,10 +52,11 @@ def device_description() -> str:
     return f"{torch.cuda.device_count()} x {', '.join(names)} ({backend})"
 
 
-def probe_registration(cpu: bool) -> tuple[dict | None, str]:
+def probe_registration(cpu: bool, strict: bool = False) -> tuple[dict | None, str]:
     """Load the plugins in a fresh SGLang process; returns the plugin's state, or None and the error output."""
     env, _ = sglang_env(cpu)
-    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-c", PROBE] + (["strict"] if strict else [])
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     for line in result.stdout.splitlines():
         if line.startswith(STATE_MARK):
             return json.loads(line[len(STATE_MARK):]), ""
@@ -117,34 +123,82 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
 
 
-def collect(model_path: str | None = None) -> dict:
+PLUGIN_GROUP = "sglang.srt.plugins"  # SGLang's GENERAL_PLUGINS_GROUP (the probe reads SGLang's own constant)
+PLUGIN_NAME = "kimi"
+PLUGIN_VALUE = "sglang_kimi:register"
+DIST_NAME = "sglang-kimi"
+
+
+def entry_point_problems(group: str = PLUGIN_GROUP) -> list[str]:
+    """Whether SGLang's plugin loader can see and will load this plugin: an installed distribution declaring
+    the entry point, and an ``SGLANG_PLUGINS`` allow-list (if set) that names it."""
+    import os
+
+    found = [ep for ep in entry_points(group=group) if ep.name == PLUGIN_NAME]
+    if not found:
+        return [
+            f"no `{PLUGIN_NAME}` entry point in the {group} group: sglang-kimi is not installed as a distribution "
+            "(importable from a checkout is not enough), so SGLang's plugin loader never calls it; install it with "
+            "`pip install sglang-kimi` (or `pip install --no-deps sglang_kimi-*.whl`)"
+        ]
+    problems = []
+    if found[0].value != PLUGIN_VALUE:
+        problems.append(
+            f"the `{PLUGIN_NAME}` entry point is {found[0].value!r}, not {PLUGIN_VALUE!r}: another package claims "
+            "the name; uninstall it or reinstall sglang-kimi"
+        )
+    dist = getattr(found[0], "dist", None)
+    if dist is not None and dist.metadata["Name"] != DIST_NAME:
+        problems.append(f"the `{PLUGIN_NAME}` entry point belongs to {dist.metadata['Name']}, not {DIST_NAME}")
+    allowed = os.environ.get("SGLANG_PLUGINS", "").strip()
+    if allowed and PLUGIN_NAME not in {x.strip() for x in allowed.split(",")}:
+        problems.append(
+            f"SGLANG_PLUGINS={allowed} does not name `{PLUGIN_NAME}`: SGLang will skip the plugin; add it or unset "
+            "SGLANG_PLUGINS"
+        )
+    return problems
+
+
+def collect(model_path: str | None = None, strict: bool = False) -> dict:
     from sglang_kimi.plugin import REGISTRATIONS, version_in_range
 
     problems: list[str] = []
     versions = package_versions()
     cpu = not has_gpu()
-    report = {"versions": versions, "device": device_description(), "cpu_mode": cpu}
+    report = {"versions": versions, "device": device_description(), "cpu_mode": cpu, "strict": strict}
 
-    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    report["entry_point"] = plugins.get("kimi")
-    if plugins.get("kimi") != "sglang_kimi:register":
-        problems.append("the sglang.srt.plugins entry point `kimi` is missing: reinstall with `pip install sglang-kimi`")
+    plugins = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
+    report["entry_point"] = plugins.get(PLUGIN_NAME)
+    problems += entry_point_problems()
 
     sglang = versions["sglang"]
     if sglang is None:
         problems.append(f"SGLang is not installed: {SGLANG_INSTALL_HINT}")
     else:
         if not version_in_range(sglang, SUPPORTED_SGLANG):
-            problems.append(f"sglang {sglang} is outside the tested range {SUPPORTED_SGLANG[0]}..{SUPPORTED_SGLANG[1]}")
-        probed, error = probe_registration(cpu)
+            problems.append(
+                f"sglang {sglang} is outside the supported range {SUPPORTED_SGLANG[0]}..{SUPPORTED_SGLANG[1]}: "
+                f"install a supported SGLang (pip install sglang=={SUPPORTED_SGLANG[1]}) or a sglang-kimi release "
+                "that supports this one"
+            )
+        probed, error = probe_registration(cpu, strict)
         state = probed and probed["plugin"]
         report["plugin"] = state
         report["kernel_overrides"] = probed and probed["kernel_overrides"]
+        report["audit"] = probed.get("audit") if probed else None
         if state is None:
             problems.append("SGLang could not load the plugin in a fresh process:\n" + error)
         else:
+            if probed["plugin_group"] != PLUGIN_GROUP:
+                problems += entry_point_problems(probed["plugin_group"])
+            if not state.get("registrations"):
+                problems.append(
+                    "SGLang's plugin loader did not call sglang-kimi in a fresh SGLang process (see the entry-point "
+                    "problems above, or SGLANG_PLUGINS)"
+                )
             for name in state.get("failed", []):
                 problems.append(f"registration {name!r} failed: {state['registrations'][name]}")
+            problems += (report["audit"] or {}).get("problems", [])
     report["registrations"] = [
         {"name": e.name, "target": e.target, "when": e.when, "why": e.why} for e in REGISTRATIONS
     ]
@@ -188,6 +242,17 @@ def print_report(report: dict) -> None:
         print(f"  mm projector  {_mib(saved['mm_projector_bytes']):>12}  ({saved['mm_projector_tensors']} tensors)")
         print(f"  not loaded    {_mib(saved['skipped_bytes']):>12}  = {100 * saved['skipped_fraction']:.2f}% of the "
               f"{_mib(saved['checkpoint_bytes'])} checkpoint")
+    if report.get("strict"):
+        audit = report.get("audit")
+        if audit is None:
+            print("strict audit: not run (SGLang could not load the plugin)")
+        else:
+            n = audit["checked"]
+            print(
+                f"strict audit against sglang {report['versions']['sglang']}: {n['sglang_names']} SGLang names, "
+                f"{n['hook_signatures']} hook signatures, {n['modules']} serving modules: "
+                f"{len(audit['problems'])} problem(s)"
+            )
     if report["problems"]:
         print("problems:")
         for problem in report["problems"]:
@@ -197,7 +262,7 @@ def print_report(report: dict) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    report = collect(getattr(args, "model_path", None))
+    report = collect(getattr(args, "model_path", None), strict=getattr(args, "strict", False))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

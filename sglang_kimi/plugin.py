@@ -28,6 +28,11 @@ class Entry:
     install: str  # "module:function" inside sglang_kimi; returns None, or a string that says why it skipped
     why: str  # the feature it adds, or the upstream bug it works around
     when: str = ALWAYS
+    # Dotted SGLang names the entry needs, checked by `sglang-kimi doctor --strict`; None: the target itself.
+    needs: tuple[str, ...] | None = None
+
+    def sglang_names(self) -> tuple[str, ...]:
+        return (self.target,) if self.needs is None else self.needs
 
 
 REGISTRATIONS: tuple[Entry, ...] = (
@@ -146,6 +151,12 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "at load time to the model dtype and run SGLang's unquantized layers. Where SGLang has the kernel (Marlin / "
         "Triton WNA16, AITER MXFP4) its own method is kept. Existing keys are overridden because ROCm's "
         "_verify_quantization refuses new names",
+        needs=(
+            "sglang.srt.layers.quantization.QUANTIZATION_METHODS",
+            "sglang.srt.layers.quantization.CPU_QUANTIZATION_METHODS",
+            "sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig",
+            "sglang.srt.layers.quantization.quark.quark.QuarkConfig",
+        ),
     ),
     Entry(
         "kimi-fp8-kv-scales",
@@ -215,6 +226,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.kernels.aiter_overrides:apply_aiter_env",
         "AITER MoE switches published for the verify shape (stage-2 tile_k 256, no stage-1 scheduler hints at M=4); "
         "ROCm only, never over a user's value, off with SGLANG_KIMI_AITER_OVERRIDES=0",
+        needs=(),  # environment variables for AITER: nothing in SGLang to resolve
     ),
 )
 
@@ -290,8 +302,10 @@ def plugin_state() -> dict:
     }
 
 
-# Targets registered through HookRegistry (checked for "applied" in plugin_state()).
+# Targets registered through HookRegistry (checked for "applied" in plugin_state()), and every hook as
+# (target, function, hook type) for the signature audit of `sglang-kimi doctor --strict`.
 _hook_targets: set[str] = set()
+HOOKS: list[tuple[str, object, str]] = []
 
 
 def hook(target: str, fn, hook_type: str = "AFTER") -> None:
@@ -300,6 +314,7 @@ def hook(target: str, fn, hook_type: str = "AFTER") -> None:
 
     HookRegistry.register(target, fn, HookType[hook_type])
     _hook_targets.add(target)
+    HOOKS.append((target, fn, hook_type))
 
 
 # ---------------------------------------------------------------------------------------------------------------

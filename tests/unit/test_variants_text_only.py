@@ -57,10 +57,14 @@ def test_sharded_checkpoint_is_read_from_headers_only(tmp_path):
     assert saved["checkpoint_bytes"] == 100 * 64 * 2 + saved["skipped_bytes"]
 
 
+def _fake_probe(cpu, strict=False):
+    return {"plugin": {"registrations": {}, "failed": []}, "kernel_overrides": [],
+            "plugin_group": "sglang.srt.plugins"}, ""  # fmt: skip
+
+
 def test_doctor_reports_the_savings(monkeypatch, capsys):
     # the SGLang probe (a fresh SGLang process) is covered elsewhere; here only the report
-    monkeypatch.setattr(doctor, "probe_registration", lambda cpu: ({"plugin": {"registrations": {}, "failed": []},
-                                                                     "kernel_overrides": []}, ""))
+    monkeypatch.setattr(doctor, "probe_registration", _fake_probe)
     cli.main(["doctor", "--model-path", str(TINY_MODEL_DIR)])
     text = capsys.readouterr().out
     assert "text-only serving (--language-model-only)" in text
@@ -73,8 +77,7 @@ def test_doctor_reports_the_savings(monkeypatch, capsys):
 
 
 def test_doctor_names_a_bad_model_path(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(doctor, "probe_registration", lambda cpu: ({"plugin": {"registrations": {}, "failed": []},
-                                                                     "kernel_overrides": []}, ""))
+    monkeypatch.setattr(doctor, "probe_registration", _fake_probe)
     assert cli.main(["doctor", "--model-path", str(tmp_path / "nope"), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert any("not a local checkpoint folder" in p and "--model-path" in p for p in report["problems"])

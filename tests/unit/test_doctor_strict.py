@@ -1,0 +1,141 @@
+"""`sglang-kimi doctor --strict`: the image-build gate names every drifted hook target, signature, unsupported SGLang
+version and missing entry point, with exit code 1; the installed SGLang passes it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sglang_kimi import audit, doctor
+
+pytestmark = pytest.mark.e2e  # starts SGLang processes (doctor's probe)
+
+
+def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tmp_path=None):
+    """`sglang-kimi doctor` in a subprocess; ``sitecustomize`` runs first in it and in doctor's SGLang probe."""
+    env = dict(os.environ, **(env or {}))
+    if sitecustomize is not None:
+        (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(sitecustomize))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_kimi.cli", "doctor", *args], env=env, capture_output=True, text=True,
+        timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_installed_sglang_passes_the_strict_audit(tmp_path):
+    out = _doctor("--strict", "--json", tmp_path=tmp_path)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, report["problems"]
+    checked = report["audit"]["checked"]
+    assert checked["sglang_names"] >= 25 and checked["hook_signatures"] >= 15 and checked["modules"] >= 20
+    assert report["audit"]["problems"] == []
+
+
+def test_a_renamed_hook_target_fails_the_build(tmp_path):
+    # SGLang without eagle_utils.eagle_sample (as if a release had renamed it): the hook cannot apply.
+    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+        import sglang.srt.speculative.eagle_utils as eagle_utils
+        eagle_utils.eagle_sample_renamed = eagle_utils.eagle_sample
+        del eagle_utils.eagle_sample
+    """)
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert "entry 'lossless-eagle-sampling': the installed SGLang has no sglang.srt.speculative.eagle_utils." \
+           "eagle_sample" in out.stdout  # fmt: skip
+
+
+def test_a_changed_hook_signature_fails_the_build(tmp_path):
+    # a release that renamed eagle_sample's keyword `watermark_state`: the plugin's wrapper passes it by name
+    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+        import sglang.srt.speculative.eagle_utils as eagle_utils
+        def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *,
+                         watermark=None, watermark_full_mask=True):
+            raise AssertionError("not called by the audit")
+        eagle_utils.eagle_sample = eagle_sample
+    """)
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert "hook on sglang.srt.speculative.eagle_utils.eagle_sample: the plugin passes keyword parameters " \
+           "['watermark_state']" in out.stdout  # fmt: skip
+
+
+def test_an_unsupported_sglang_version_fails(tmp_path):
+    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+        import importlib.metadata as md
+        _version = md.version
+        md.version = lambda name: "0.4.9" if name == "sglang" else _version(name)
+    """)
+    assert out.returncode == 1
+    assert "sglang 0.4.9 is outside the supported range" in out.stdout
+
+
+def test_a_plugin_the_loader_skips_fails(tmp_path):
+    out = _doctor("--strict", tmp_path=tmp_path, env={"SGLANG_PLUGINS": "someone_else"})
+    assert out.returncode == 1
+    assert "SGLANG_PLUGINS=someone_else does not name `kimi`" in out.stdout
+    assert "SGLang's plugin loader did not call sglang-kimi" in out.stdout
+
+
+def test_a_plugin_not_installed_as_a_distribution_fails(tmp_path):
+    # importable (from a checkout on PYTHONPATH, say) but with no dist-info: no entry point for SGLang to find
+    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+        import importlib.metadata as md
+        _entry_points = md.entry_points
+        def entry_points(**kwargs):
+            found = _entry_points(**kwargs)
+            if kwargs.get("group") == "sglang.srt.plugins":
+                return md.EntryPoints(ep for ep in found if ep.name != "kimi")
+            return found
+        md.entry_points = entry_points
+    """)
+    assert out.returncode == 1
+    assert "no `kimi` entry point in the sglang.srt.plugins group: sglang-kimi is not installed as a distribution" \
+        in out.stdout  # fmt: skip
+
+
+# -- the signature rule alone ------------------------------------------------------------------------------------
+
+
+def _target(verify_input, batch, logits_output, grammar_mask=None, *, watermark_state=None):
+    pass
+
+
+def test_signature_rule():
+    def around(original, verify_input, batch, logits_output, grammar_mask=None, *, watermark_state=None):
+        pass
+
+    def passthrough(original, *args, **kwargs):
+        pass
+
+    def too_many(original, a, b, c, d, e):
+        pass
+
+    def takes_too_few(original, verify_input):
+        pass
+
+    def after(result, controller, *args, **kwargs):
+        pass
+
+    assert audit.signature_mismatch(around, _target, "AROUND") is None
+    assert audit.signature_mismatch(passthrough, _target, "AROUND") is None
+    assert audit.signature_mismatch(after, _target, "AFTER") is None
+    assert "positional parameters ['e']" in audit.signature_mismatch(too_many, _target, "AROUND")
+    assert "requires 'batch'" in audit.signature_mismatch(takes_too_few, _target, "AROUND")
+
+    def renamed(verify_input, batch, logits_output, grammar_mask=None, *, watermark=None):
+        pass
+
+    assert "keyword parameters ['watermark_state']" in audit.signature_mismatch(around, renamed, "AROUND")
+
+    def new_required(verify_input, batch, logits_output, grammar_mask=None, *, watermark_state=None, mode):
+        pass
+
+    assert "requires keyword 'mode'" in audit.signature_mismatch(around, new_required, "AROUND")
+    assert audit.signature_mismatch(around, dict, "AROUND") is None  # classes: resolution is the whole check
+
+
+def test_entry_point_problems_when_the_allow_list_names_the_plugin(monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "other, kimi")
+    assert doctor.entry_point_problems() == []
