@@ -105,3 +105,8 @@ def aiter_override_state() -> list[dict]:
         {"kind": "aiter-env", "name": name, "active": True, "source": SOURCE, **state}
         for name, state in sorted(APPLIED.items())
     ]
+
+
+def install_aiter_env(target: str):
+    """Table entry ``aiter-verify-env`` (its target is the environment, nothing in SGLang)."""
+    return apply_aiter_env()

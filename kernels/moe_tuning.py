@@ -210,16 +210,16 @@ def tables_for_device(device_name: str, dirs: list[Path] | None = None) -> list[
     return sorted(seen.items())
 
 
-def install_moe_overrides():
+def install_moe_overrides(target: str):
     """Register the AROUND hook on SGLang's ``get_moe_configs``. Returns None, or why it skipped."""
     device = _current_device_name()
     if device is None:
         return "no GPU (the Triton fused-MoE kernel runs on CUDA/ROCm only)"
     if not tables_for_device(device):
         return f"no plugin MoE tables for {device} (run `sglang-kimi tune moe` to make some)"
-    from sglang_kimi.plugin import hook
+    from sglang_kimi.hooks import hook
 
-    hook(HOOK_TARGET, around_get_moe_configs, "AROUND")
+    hook(target, around_get_moe_configs, "AROUND")
     return None
 
 

@@ -5,10 +5,9 @@ and calls :func:`register` in every process it starts (launcher, scheduler, deto
 Everything registered is listed in one table, :data:`sglang_kimi.plugin.REGISTRATIONS`.
 """
 
-__version__ = "0.1.0"
+from sglang_kimi.version import SUPPORTED_SGLANG, __version__
 
-# The SGLang releases this plugin is tested against (inclusive bounds).
-SUPPORTED_SGLANG = ("0.5.23", "0.5.23")
+__all__ = ["SUPPORTED_SGLANG", "__version__", "register"]
 
 
 def register() -> None:

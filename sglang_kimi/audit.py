@@ -93,10 +93,10 @@ def signature_mismatch(wrapper, target, hook_type: str) -> str | None:
 
 def hook_mismatches() -> list[str]:
     """One problem per registered hook whose wrapper no longer fits its SGLang target's signature."""
-    from sglang_kimi.plugin import HOOKS
+    from sglang_kimi.hooks import HOOKS
 
     problems = []
-    for target, wrapper, hook_type in HOOKS:
+    for target, wrapper, hook_type in ((h.target, h.fn, h.hook_type) for h in HOOKS):
         try:
             original = pkgutil.resolve_name(target)
         except Exception:
@@ -132,7 +132,8 @@ def import_failures() -> list[str]:
 def audit() -> dict:
     """What was checked (counts) and every problem found; no problem: the installed SGLang carries every name and
     signature the plugin needs."""
-    from sglang_kimi.plugin import HOOKS, REGISTRATIONS
+    from sglang_kimi.hooks import HOOKS
+    from sglang_kimi.plugin import REGISTRATIONS
 
     return {
         "checked": {

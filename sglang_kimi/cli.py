@@ -10,7 +10,7 @@ import argparse
 import signal
 import sys
 
-from sglang_kimi import __version__
+from sglang_kimi.version import __version__
 from sglang_kimi.demo import MODES
 
 SERVE_EPILOG = """\

@@ -24,7 +24,7 @@ from sglang_kimi.server import (
     TINY_EAGLE3,
     free_port,
     has_gpu,
-    plugin_state,
+    fetch_plugin_state,
     require_sglang,
     start_server,
 )
@@ -111,7 +111,7 @@ def run_mode(name: str, questions: list[str], args: argparse.Namespace, log_dir:
     with start_server(sglang_args, port=args.port or free_port(), log_path=log_path) as server:
         for question in questions:
             result.answers.append(ask(server.base_url, question, args.max_new_tokens))
-        result.state = plugin_state(server.base_url)
+        result.state = fetch_plugin_state(server.base_url)
     return result
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from sglang_kimi import SUPPORTED_SGLANG, __version__
+from sglang_kimi.version import SUPPORTED_SGLANG, __version__
 from sglang_kimi.server import SGLANG_INSTALL_HINT, TINY_MODEL, has_gpu, sglang_env
 
 PACKAGES = ("sglang", "torch", "triton", "transformers", "amd-aiter", "lm-eval")
@@ -22,9 +22,9 @@ PROBE = f"""
 import json, sys
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins
 load_plugins()
-from sglang_kimi.plugin import plugin_state
+from sglang_kimi.plugin import registration_state
 from sglang_kimi.kernels import active_overrides
-report = {{"plugin": plugin_state(), "kernel_overrides": active_overrides(), "plugin_group": GENERAL_PLUGINS_GROUP}}
+report = {{"plugin": registration_state(), "kernel_overrides": active_overrides(), "plugin_group": GENERAL_PLUGINS_GROUP}}
 if "strict" in sys.argv[1:]:
     from sglang_kimi.audit import audit
     report["audit"] = audit()

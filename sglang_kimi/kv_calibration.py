@@ -50,10 +50,10 @@ def calibration_prompts(data_dir: str | Path | None, limit: int) -> list[str]:
 
 def server_kv_state(base_url: str) -> dict:
     """The plugin's KV scale state from the server's ``/server_info``."""
-    from sglang_kimi.server import plugin_state
+    from sglang_kimi.server import fetch_plugin_state
 
     try:
-        state = plugin_state(base_url)
+        state = fetch_plugin_state(base_url)
     except requests.RequestException as exc:
         raise CalibrationError(f"no SGLang server answers at {base_url} ({exc}): start one or fix --base-url")
     kv = state.get("kv_scales")

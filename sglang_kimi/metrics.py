@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from sglang_kimi.plugin import hook, target_of
+from sglang_kimi.hooks import hook
 
 
 class AcceptanceStats:
@@ -116,7 +116,7 @@ def stats_for(reporter) -> AcceptanceStats:
     if _stats is None:
         from sglang.srt.runtime_context import get_spec
 
-        from sglang_kimi.algorithms import plugin_args
+        from sglang_kimi.options import plugin_args
 
         _stats = AcceptanceStats(
             max_draft_depth(get_spec(), plugin_args(reporter.scheduler.server_args)),
@@ -146,5 +146,5 @@ def _record_step(result_none, reporter, batch, result):
     return
 
 
-def install():
-    hook(target_of("spec-acceptance-metrics"), _record_step, "AFTER")
+def install(target: str):
+    hook(target, _record_step, "AFTER")

@@ -1,10 +1,11 @@
 """Everything sglang-kimi registers into SGLang, in one table.
 
 Each :class:`Entry` names the SGLang object it touches, the function that installs it (imported lazily,
-so ``register()`` stays cheap) and why it exists: the feature it adds, or the upstream bug it works
-around. :func:`register_all` runs the table once per process and records each entry's outcome in
-:data:`STATUS`; the scheduler reports that record in ``/server_info`` (``internal_states[i]["sglang_kimi"]``)
-and ``sglang-kimi doctor`` prints it, so a registration that failed is never silent.
+so ``register()`` stays cheap; it is called with the entry's target) and why it exists: the feature it adds, or the
+upstream bug it works around. :func:`register_all` runs the table once per process and records each entry's
+outcome in :data:`STATUS`; the scheduler reports that record in ``/server_info``
+(``internal_states[i]["sglang_kimi"]``, see ``server_info.py``) and ``sglang-kimi doctor`` prints it, so a
+registration that failed is never silent.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ CPU_ONLY = "cpu"  # only in processes started with SGLANG_USE_CPU_ENGINE=1
 class Entry:
     name: str  # short id, shown in /server_info and `sglang-kimi doctor`
     target: str  # the SGLang object hooked, or the registry written to
-    install: str  # "module:function" inside sglang_kimi; returns None, or a string that says why it skipped
+    install: str  # "module:function" inside sglang_kimi, called with the target; returns None or why it skipped
     why: str  # the feature it adds, or the upstream bug it works around
     when: str = ALWAYS
     # Dotted SGLang names the entry needs, checked by `sglang-kimi doctor --strict`; None: the target itself.
@@ -46,7 +47,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "server-info",
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
         ".get_internal_state",
-        "sglang_kimi.plugin:install_server_info",
+        "sglang_kimi.server_info:install_server_info",
         "reports the plugin's version and this table's outcome in /server_info from the scheduler process",
     ),
     Entry(
@@ -183,26 +184,26 @@ REGISTRATIONS: tuple[Entry, ...] = (
     Entry(
         "plugin-flags",
         "sglang.srt.server_args.ServerArgs.add_cli_args",
-        "sglang_kimi.algorithms:install_flag_help",
+        "sglang_kimi.flags:install_flag_help",
         "adds the plugin's server flags (--speculative-dflash-tree-budget) to `sglang.launch_server --help`",
     ),
     Entry(
         "plugin-flags-parse",
         "sglang.srt.server_args.ServerArgs.from_cli_args",
-        "sglang_kimi.algorithms:install_flag_parse",
+        "sglang_kimi.flags:install_flag_parse",
         "keeps the plugin flags' values on the server args (as bookkeeping SGLang pickles into its subprocesses)",
     ),
     Entry(
         "speculative-validation",
         "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
-        "sglang_kimi.algorithms:install_validation",
+        "sglang_kimi.validation:install_validation",
         "checks drafter vs target, draft path, tree budget and attention backend before weights load (SGLang only "
         "warns on a block-size mismatch and swallows drafter-config errors); sizes the DDTree verify window",
     ),
     Entry(
         "dflash-tree-worker",
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
-        "sglang_kimi.algorithms:install_worker_selection",
+        "sglang_kimi.workers.selection:install_worker_selection",
         "DFLASH with --speculative-dflash-tree-budget runs the DDTree worker (SGLang's DFLASH is chain-only)",
     ),
     Entry(
@@ -223,7 +224,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
     Entry(
         "aiter-verify-env",
         "os.environ: AITER_FLYDSL_STAGE2_TILE_K, FLYDSL_MOE_STAGE1_SCHED (read by AITER on ROCm)",
-        "sglang_kimi.kernels.aiter_overrides:apply_aiter_env",
+        "sglang_kimi.kernels.aiter_overrides:install_aiter_env",
         "AITER MoE switches published for the verify shape (stage-2 tile_k 256, no stage-1 scheduler hints at M=4); "
         "ROCm only, never over a user's value, off with SGLANG_KIMI_AITER_OVERRIDES=0",
         needs=(),  # environment variables for AITER: nothing in SGLang to resolve
@@ -257,7 +258,7 @@ def register_all() -> None:
             STATUS[entry.name] = f"skipped: only when {entry.when}"
             continue
         try:
-            skipped = _load(entry.install)()
+            skipped = _load(entry.install)(entry.target)
             STATUS[entry.name] = f"skipped: {skipped}" if skipped else "ok"
         except Exception as exc:  # SGLang swallows plugin errors; record ours so they stay visible
             STATUS[entry.name] = f"failed: {type(exc).__name__}: {exc}"
@@ -272,27 +273,22 @@ def register_all() -> None:
 
 
 def _version() -> str:
-    from sglang_kimi import __version__
+    from sglang_kimi.version import __version__
 
     return __version__
 
 
-def _hook_applied(target: str) -> bool:
-    """SGLang applies hooks after every plugin has registered; a hook that failed to apply is only logged."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
+def registration_state() -> dict:
+    """The plugin's registrations in this process, as reported in /server_info and by `doctor`: each entry's
+    outcome, with "ok" hooks that SGLang then failed to apply reported as failed."""
+    from sglang_kimi.version import SUPPORTED_SGLANG
+    from sglang_kimi.hooks import hook_applied, registered_targets
 
-    return target in HookRegistry._patched
-
-
-def plugin_state() -> dict:
-    """The plugin's state in this process, as reported in /server_info and by `doctor`."""
     status = dict(STATUS)
+    hooked = registered_targets()
     for entry in REGISTRATIONS:
-        if status.get(entry.name) == "ok" and entry.target in _hook_targets:
-            if not _hook_applied(entry.target):
-                status[entry.name] = "failed: SGLang did not apply the hook (see the server log)"
-    from sglang_kimi import SUPPORTED_SGLANG
-
+        if status.get(entry.name) == "ok" and entry.target in hooked and not hook_applied(entry.target):
+            status[entry.name] = "failed: SGLang did not apply the hook (see the server log)"
     return {
         "version": _version(),
         "pid": os.getpid(),
@@ -302,23 +298,8 @@ def plugin_state() -> dict:
     }
 
 
-# Targets registered through HookRegistry (checked for "applied" in plugin_state()), and every hook as
-# (target, function, hook type) for the signature audit of `sglang-kimi doctor --strict`.
-_hook_targets: set[str] = set()
-HOOKS: list[tuple[str, object, str]] = []
-
-
-def hook(target: str, fn, hook_type: str = "AFTER") -> None:
-    """Register ``fn`` on ``target`` with SGLang's HookRegistry (``hook_type``: BEFORE/AFTER/AROUND/REPLACE)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(target, fn, HookType[hook_type])
-    _hook_targets.add(target)
-    HOOKS.append((target, fn, hook_type))
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# The two entries that belong to the plugin itself.
+# The entry that belongs to the plugin itself.
 
 
 def version_in_range(version: str, supported: tuple[str, str]) -> bool:
@@ -331,10 +312,10 @@ def version_in_range(version: str, supported: tuple[str, str]) -> bool:
     return release(supported[0]) <= release(version) <= release(supported[1])
 
 
-def check_sglang_version():
+def check_sglang_version(target: str):
     from sglang.version import __version__ as sglang_version
 
-    from sglang_kimi import SUPPORTED_SGLANG
+    from sglang_kimi.version import SUPPORTED_SGLANG
 
     if not version_in_range(sglang_version, SUPPORTED_SGLANG):
         lo, hi = SUPPORTED_SGLANG
@@ -347,28 +328,3 @@ def check_sglang_version():
         )
         return f"sglang {sglang_version} is outside the tested range {tested}"
     return None
-
-
-def _add_plugin_state(result, controller, *args, **kwargs):
-    import dataclasses
-
-    from sglang_kimi.algorithms import plugin_args
-    from sglang_kimi.metrics import current_snapshot
-
-    state = plugin_state()
-    state["args"] = dataclasses.asdict(plugin_args(controller.scheduler.server_args))
-    state["spec_metrics"] = current_snapshot()
-    from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
-
-    state["kv_scales"] = kv_scales_snapshot()
-    result.internal_state["sglang_kimi"] = state
-    return result
-
-
-def target_of(name: str) -> str:
-    """The SGLang target of the table entry ``name`` (so install functions never repeat a dotted path)."""
-    return next(entry.target for entry in REGISTRATIONS if entry.name == name)
-
-
-def install_server_info():
-    hook(target_of("server-info"), _add_plugin_state, "AFTER")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi import SUPPORTED_SGLANG
+from sglang_kimi.version import SUPPORTED_SGLANG
 from sglang_kimi.cpu import KIMI_CPU_BACKEND
 
 SHIMS_DIR = Path(__file__).parent / "cpu" / "shims"
@@ -344,7 +344,7 @@ def start_server(
     return server
 
 
-def plugin_state(base_url: str) -> dict:
+def fetch_plugin_state(base_url: str) -> dict:
     """The plugin's state reported by the server's scheduler (``/server_info``)."""
     info = requests.get(base_url + "/server_info", timeout=30).json()
     states = info.get("internal_states") or [{}]

@@ -12,7 +12,7 @@ def _create_backend(runner):
     return KimiCpuAttnBackend(runner)
 
 
-def install_attention_backend():
+def install_attention_backend(target: str):
     """``--attention-backend kimi_cpu`` (and ``--speculative-draft-attention-backend kimi_cpu``): SGLang's
     attention registry plus both CLI choice lists, which argparse reads after the plugins load. The DeepSeek
     attention-method registry maps it to absorbed MLA in every mode, as for torch_native (``fixes.py``)."""
@@ -56,9 +56,9 @@ def _create_draft_backend_with_kimi_cpu(original, self, backend_name, backend_ma
     return original(self, backend_name, {**backend_map, BACKEND_NAME: create}, error_template, stamps_children)
 
 
-def install_draft_backends():
+def install_draft_backends(target: str):
     """SGLang's ``DraftBackendFactory`` maps backend names to EAGLE draft backends and refuses any other name
     ("EAGLE is not supported in decode attention backend kimi_cpu"); add ours."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("cpu-eagle-draft-backends"), _create_draft_backend_with_kimi_cpu, "AROUND")
+    hook(target, _create_draft_backend_with_kimi_cpu, "AROUND")

@@ -10,7 +10,7 @@ def _absorbed_mla(attn, forward_batch):
     return _dispatch_mla_subtype(attn, forward_batch)
 
 
-def install_absorbed_mla_handler():
+def install_absorbed_mla_handler(target: str):
     """torch_native has no entry in the DeepSeek attention-method registry, so it falls back to the triton
     handler, which picks the non-absorbed MHA path for prefill without a cached prefix. But
     ``TorchNativeAttnBackend.forward_extend`` ignores the per-head k/v it is given and attends over the
@@ -51,14 +51,14 @@ def _tree_mask_mode_for_verify_backend(original):
     return TreeMaskMode.QLEN_ONLY if backend in QLEN_ONLY_MASK_BACKENDS else TreeMaskMode.FULL_MASK
 
 
-def install_tree_mask_mode():
+def install_tree_mask_mode(target: str):
     """``eagle_utils.default_tree_mask_mode()`` returns QLEN_ONLY whenever the platform is CPU (a layout meant for
     the intel_amx kernel), but SGLang's other backends read FULL_MASK rows of ``seq_len + N`` cells
     (``triton_backend.py``): with ``--attention-backend triton`` on CPU the verify reads a garbage mask and greedy
     speculative output diverges. Pick the layout by the backend that runs TARGET_VERIFY."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("cpu-tree-mask-mode"), _tree_mask_mode_for_verify_backend, "AROUND")
+    hook(target, _tree_mask_mode_for_verify_backend, "AROUND")
 
 
 class CpuSRTPlatformWithDFlash:
@@ -104,13 +104,13 @@ def _handle_dflash_on_cpu(original, server_args):
         speculative_hook.current_platform = platform
 
 
-def install_dflash_on_cpu():
+def install_dflash_on_cpu(target: str):
     """``_handle_dflash`` refuses every device but cuda/npu/xpu (``ValueError: DFLASH speculative decoding is not
     supported by CpuSRTPlatform on device 'cpu'``) although the DFLASH worker has eager torch paths for all of its
     steps. On a CPU server, run the whole upstream validation with the platform claiming DFLASH support."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("cpu-dflash-allowed"), _handle_dflash_on_cpu, "AROUND")
+    hook(target, _handle_dflash_on_cpu, "AROUND")
 
 
 def _record_stream_cuda_only(self, stream):
@@ -134,15 +134,15 @@ def _dflash_forward_without_cpu_record_stream(original, self, *args, **kwargs):
         del torch.Tensor.record_stream  # back to TensorBase.record_stream
 
 
-def install_dflash_record_stream_guard():
+def install_dflash_record_stream_guard(target: str):
     """``DFlashWorkerV2.forward_batch_generation`` calls ``batch.seq_lens.record_stream(current_stream())``
     unconditionally; on CPU ``torch.cpu.current_stream()`` is no ``torch.Stream`` (``RuntimeError: unknown
     parameter type``) and CPU tensors have no stream to record. While that worker runs on a CPU device,
     ``record_stream`` skips non-CUDA tensors (as ``spec_utils.record_stream_each`` does); other devices and
     other code are untouched."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("cpu-dflash-record-stream"), _dflash_forward_without_cpu_record_stream, "AROUND")
+    hook(target, _dflash_forward_without_cpu_record_stream, "AROUND")
 
 
 def _extend_kwargs_in_model_dtype(original, self, forward_batch, *args, **kw):
@@ -157,11 +157,11 @@ def _extend_kwargs_in_model_dtype(original, self, forward_batch, *args, **kw):
     return kwargs
 
 
-def install_input_embeds_dtype():
+def install_input_embeds_dtype(target: str):
     """``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds.bfloat16()`` whatever the model
     dtype: a float32 server fails (``expected m1 and m2 to have the same dtype ... BFloat16 != float``) on every
     extend that passes embeddings (DFLASH's draft block), and float16 servers silently round through bf16. Pass
     the embeddings in the model dtype (unchanged for bf16 models), re-applying the replacement scatter."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("input-embeds-model-dtype"), _extend_kwargs_in_model_dtype, "AROUND")
+    hook(target, _extend_kwargs_in_model_dtype, "AROUND")

@@ -1,11 +1,11 @@
 """Install functions for the model entries of plugin.py's table (light: SGLang models are imported lazily)."""
 
-from sglang_kimi.plugin import hook, target_of
+from sglang_kimi.hooks import hook
 
 KIMI_ARCH = "KimiK25ForConditionalGeneration"
 
 
-def install_language_model_only_arch():
+def install_language_model_only_arch(target: str):
     """Let SGLang's ``--language-model-only`` accept Kimi-K2.5/K2.6 checkpoints."""
     from sglang.srt.server_args import ServerArgs
 
@@ -22,5 +22,5 @@ def _text_only_kimi_class(original, model_config, *args, **kwargs):
     return model_class, arch
 
 
-def install_text_only_kimi_class():
-    hook(target_of("kimi-text-only-model"), _text_only_kimi_class, "AROUND")
+def install_text_only_kimi_class(target: str):
+    hook(target, _text_only_kimi_class, "AROUND")

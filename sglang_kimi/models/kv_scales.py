@@ -419,32 +419,32 @@ def _active() -> str | None:
     return None
 
 
-def install_kv_scales():
+def install_kv_scales(target: str):
     """Table entry ``kimi-fp8-kv-scales``: scales (file / dynamic / observe) applied to every loaded model's
     attention layers, target and drafter."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
     skipped = _active()
     if skipped is None:
-        hook(target_of("kimi-fp8-kv-scales"), _after_load_kv_cache_scales, "AROUND")
+        hook(target, _after_load_kv_cache_scales, "AROUND")
     return skipped
 
 
-def install_mha_observer():
+def install_mha_observer(target: str):
     """Table entry ``kimi-kv-observe-mha``: running max / dynamic scales on MHA writes (DFlash drafter pools)."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
     skipped = _active()
     if skipped is None:
-        hook(target_of("kimi-kv-observe-mha"), _mha_set_kv_buffer, "AROUND")
+        hook(target, _mha_set_kv_buffer, "AROUND")
     return skipped
 
 
-def install_mla_observer():
+def install_mla_observer(target: str):
     """Table entry ``kimi-kv-observe-mla``: running max / dynamic scales on MLA latent writes (the Kimi target)."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
     skipped = _active()
     if skipped is None:
-        hook(target_of("kimi-kv-observe-mla"), _mla_set_kv_buffer, "AROUND")
+        hook(target, _mla_set_kv_buffer, "AROUND")
     return skipped

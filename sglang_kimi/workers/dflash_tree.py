@@ -36,7 +36,7 @@ from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
-from sglang_kimi.algorithms import debug_greedy_verify, plugin_args
+from sglang_kimi.options import debug_greedy_verify, plugin_args
 from sglang_kimi.speculators.trees import DraftTree, build_ddtree_ranked, topk_lowest_index_ties
 from sglang_kimi.speculators.verify import verify_greedy, verify_sampled
 from sglang_kimi.workers.tree_batch import full_tree_mask, path_first_order, verify_probs

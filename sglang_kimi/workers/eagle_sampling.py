@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from sglang_kimi.algorithms import debug_greedy_verify
+from sglang_kimi.options import debug_greedy_verify
 from sglang_kimi.workers.tree_batch import verify_probs
 
 logger = logging.getLogger("sglang_kimi")
@@ -193,12 +193,12 @@ def eagle_sample_lossless(
     return predict, num_correct_drafts + 1, accept_index
 
 
-def install_eagle_sampling():
+def install_eagle_sampling(target: str):
     """``eagle_sample`` verifies sampled EAGLE trees greedily on ROCm (without rejection sampling) and CPU:
     route them to the lossless target-only rule."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("lossless-eagle-sampling"), eagle_sample_lossless, "AROUND")
+    hook(target, eagle_sample_lossless, "AROUND")
 
 
 def dflash_sampling_available(original) -> bool:
@@ -286,16 +286,16 @@ def dflash_sampled_verify(
     return accept_token_num, bonus
 
 
-def install_dflash_sampling():
+def install_dflash_sampling(target: str):
     """DFLASH verifies sampled requests greedily where ``tree_speculative_sampling_target_only`` is missing (HIP,
     CPU): verify the chain with the lossless target-only rule there."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("lossless-dflash-sampling"), dflash_sampled_verify, "AROUND")
+    hook(target, dflash_sampled_verify, "AROUND")
 
 
-def install_dflash_sampling_available():
+def install_dflash_sampling_available(target: str):
     """See :func:`dflash_sampling_available`."""
-    from sglang_kimi.plugin import hook, target_of
+    from sglang_kimi.hooks import hook
 
-    hook(target_of("lossless-dflash-sampling-available"), dflash_sampling_available, "AROUND")
+    hook(target, dflash_sampling_available, "AROUND")

@@ -40,7 +40,7 @@ from sglang_kimi.server import (
     free_port,
     group_alive,
     launch_command,
-    plugin_state,
+    fetch_plugin_state,
 )
 
 pytestmark = pytest.mark.e2e
@@ -213,7 +213,7 @@ def test_the_sampling_test_fails_when_verification_is_made_greedy(tmp_path_facto
 
 
 def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(tiny_server):
-    state = plugin_state(tiny_server.base_url)
+    state = fetch_plugin_state(tiny_server.base_url)
     for name in (
         "cpu-attention-backend",
         "cpu-eagle-draft-backends",

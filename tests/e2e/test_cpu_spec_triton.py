@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, plugin_state, start_server
+from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, fetch_plugin_state, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tm
         port=free_port(), log_path=tmp_path / "server.log", timeout=1800,
     )
     try:
-        assert plugin_state(server.base_url)["registrations"]["cpu-tree-mask-mode"] == "ok"
+        assert fetch_plugin_state(server.base_url)["registrations"]["cpu-tree-mask-mode"] == "ok"
         out = generate(server.base_url)
         assert out["output_ids"] == reference, "EAGLE3 tree on triton (CPU) differs from the non-speculative output"
         assert out["meta_info"]["spec_verify_ct"] > 0

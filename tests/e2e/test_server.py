@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from sglang_kimi.plugin import REGISTRATIONS
-from sglang_kimi.server import free_port, plugin_state, sglang_processes
+from sglang_kimi.server import free_port, fetch_plugin_state, sglang_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ def generate(base_url: str, text: str, max_new_tokens: int = 24, **extra) -> dic
 
 
 def test_plugin_registered_in_the_scheduler_process(tiny_server):
-    state = plugin_state(tiny_server.base_url)
+    state = fetch_plugin_state(tiny_server.base_url)
     assert state["failed"] == []
     assert set(state["registrations"]) == {entry.name for entry in REGISTRATIONS}
     not_ok = {name: outcome for name, outcome in state["registrations"].items() if outcome != "ok"}
@@ -118,7 +118,7 @@ def test_cli_serve_stops_all_its_processes_and_is_reproducible(tiny_server, tmp_
             while not _healthy(url):
                 assert cli.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
                 time.sleep(1)
-            scheduler_pid = plugin_state(url)["pid"]
+            scheduler_pid = fetch_plugin_state(url)["pid"]
             assert scheduler_pid in sglang_processes()
             reference = generate(tiny_server.base_url, PROMPT, 32)["output_ids"]
             assert generate(url, PROMPT, 32)["output_ids"] == reference

@@ -30,7 +30,7 @@ from sglang_kimi import cli, kv_calibration
 from sglang_kimi.models import kv_scales
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import TINY_MODEL_DIR, TinyKimiLM, load_hf_reference
-from sglang_kimi.server import LaunchError, ServerProcess, group_alive, launch_command, plugin_state
+from sglang_kimi.server import LaunchError, ServerProcess, group_alive, launch_command, fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
 
@@ -162,7 +162,7 @@ def _reference(path, tmp_path):
 def test_variant_logprobs_match_the_dequantized_reference(variant_servers, name, tmp_path):
     server, path, log = variant_servers[name]
     fmt = formats.VARIANTS[name][0]
-    state = plugin_state(server.base_url)
+    state = fetch_plugin_state(server.base_url)
     assert state["registrations"]["kimi-quant-dequant-fallback"] == "ok"
     assert FALLBACK_LOG[fmt] in log.read_text()
 

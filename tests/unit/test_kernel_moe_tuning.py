@@ -175,16 +175,16 @@ def test_hook_as_sglangs_registry_wraps_it(on_device):
 
 def test_install_skips_without_gpu_and_registers_around_hook_on_a_device(monkeypatch):
     monkeypatch.setattr(mt, "_current_device_name", lambda: None)
-    assert "no GPU" in mt.install_moe_overrides()
+    assert "no GPU" in mt.install_moe_overrides(mt.HOOK_TARGET)
     registered = []
-    import sglang_kimi.plugin as plugin
+    import sglang_kimi.hooks as hooks
 
-    monkeypatch.setattr(plugin, "hook", lambda target, fn, kind: registered.append((target, fn, kind)))
+    monkeypatch.setattr(hooks, "hook", lambda target, fn, kind: registered.append((target, fn, kind)))
     monkeypatch.setattr(mt, "_current_device_name", lambda: "NVIDIA_GeForce_RTX_4090")
-    assert "no plugin MoE tables" in mt.install_moe_overrides()
+    assert "no plugin MoE tables" in mt.install_moe_overrides(mt.HOOK_TARGET)
     assert registered == []
     monkeypatch.setattr(mt, "_current_device_name", lambda: "NVIDIA_H100_80GB_HBM3")
-    assert mt.install_moe_overrides() is None
+    assert mt.install_moe_overrides(mt.HOOK_TARGET) is None
     assert registered == [(mt.HOOK_TARGET, mt.around_get_moe_configs, "AROUND")]
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.algorithms import PluginArgs
+from sglang_kimi.options import PluginArgs
 from sglang_kimi.metrics import AcceptanceStats, max_draft_depth
 
 

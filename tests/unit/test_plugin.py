@@ -40,7 +40,7 @@ def test_untested_sglang_version_logs_one_line(monkeypatch, caplog):
 
     monkeypatch.setattr(sglang.version, "__version__", "0.4.0")
     with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
-        reason = plugin.check_sglang_version()
+        reason = plugin.check_sglang_version("sglang.version.__version__")
     assert "0.4.0" in reason and SUPPORTED_SGLANG[0] in reason
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "0.4.0" in warnings[0].getMessage()
@@ -53,7 +53,7 @@ def test_failed_entry_is_recorded_not_raised(monkeypatch):
     monkeypatch.setattr(plugin, "_registered", False)
     plugin.register_all()
     assert plugin.STATUS["broken"].startswith("failed: AttributeError")
-    state = plugin.plugin_state()
+    state = plugin.registration_state()
     assert state["failed"] == ["broken"]
 
 
@@ -71,12 +71,12 @@ import json
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
 import sglang_kimi
-from sglang_kimi import plugin
+from sglang_kimi import hooks as hooks_module, plugin
 load_plugins()
 sglang_kimi.register()  # a second call in the same process must change nothing
 HookRegistry.apply_hooks()
-hooks = {t: len(HookRegistry._hooks[t]) for t in plugin._hook_targets}
-print("RESULT=" + json.dumps({"state": plugin.plugin_state(), "hooks": hooks}))
+hooks = {t: len(HookRegistry._hooks[t]) for t in hooks_module.registered_targets()}
+print("RESULT=" + json.dumps({"state": plugin.registration_state(), "hooks": hooks}))
 """
 
 PROBE_UNAPPLIED = """
@@ -85,10 +85,11 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_kimi import plugin
 plugin.REGISTRATIONS = plugin.REGISTRATIONS + (
     plugin.Entry("ghost", "sglang.srt.nothing_here.fn", "sglang_kimi.plugin:_install_ghost", "test"),)
-plugin._install_ghost = lambda: plugin.hook("sglang.srt.nothing_here.fn", lambda r, *a, **k: r)
+from sglang_kimi.hooks import hook
+plugin._install_ghost = lambda target: hook(target, lambda r, *a, **k: r)
 plugin.register_all()
 HookRegistry.apply_hooks()
-print("RESULT=" + json.dumps(plugin.plugin_state()))
+print("RESULT=" + json.dumps(plugin.registration_state()))
 """
 
 

@@ -49,7 +49,7 @@ def test_fallback_reason_names_the_problem():
 SGLANG_CHECK = r"""
 import torch
 from sglang_kimi.models.quant import fallback as fb, formats as F
-fb.install_dequant_fallbacks()
+fb.install_dequant_fallbacks("sglang.srt.layers.quantization.QUANTIZATION_METHODS")
 import sglang.srt.layers.quantization as q
 from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
 from sglang.srt.layers.quantization.quark.quark import QuarkConfig

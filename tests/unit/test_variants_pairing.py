@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from sglang_kimi.models import pairing_notes as P
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import kimi_config
 from sglang_kimi.server import sglang_env
+from sglang_kimi.speculators import pairing as P
 from sglang_kimi.speculators.pairing import DrafterMismatchError
 
-# z-lab/Kimi-K2.5-DFlash's published config (reference/algorithms.md 1.1; intermediate_size from the checkpoint size)
+# z-lab/Kimi-K2.5-DFlash's published config (intermediate_size from the checkpoint size)
 ZLAB_K25_DFLASH = {
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 7168, "num_hidden_layers": 6,
     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 18432,
@@ -102,19 +102,18 @@ def test_int4_vs_mxfp4_training_target_warns():
 def test_incompatible_vocab_is_an_error():
     other_vocab = dict(ZLAB_K25_DFLASH, vocab_size=151936)  # a Qwen3 drafter's vocab
     with pytest.raises(DrafterMismatchError, match="vocab_size: drafter has 151936, target has 163840"):
-        P.check_pairing(kimi_target("int4"), other_vocab, num_draft_tokens=8, expected_algorithm="DFLASH",
-                        target_path="moonshotai/Kimi-K2.6", draft_path="z-lab/Kimi-K2.5-DFlash")
-    found = P.check_pairing(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8, expected_algorithm="DFLASH",
-                            target_path="moonshotai/Kimi-K2.6", draft_path="z-lab/Kimi-K2.5-DFlash")
+        P.validate_pair(kimi_target("int4"), other_vocab, num_draft_tokens=8, expected_algorithm="DFLASH")
+    P.validate_pair(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8, expected_algorithm="DFLASH")
+    found = P.pairing_warnings(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8,
+                               target_path="moonshotai/Kimi-K2.6", draft_path="z-lab/Kimi-K2.5-DFlash")
     assert len(found) == 1
 
 
-# The start-up path itself (algorithms._resolve_speculative calls these two with SGLang's resolved args), configs read
-# by SGLang's own loader from folders named like the published checkpoints.
+# The start-up path itself (validation._resolve_speculative calls it with SGLang's resolved args), configs read by
+# SGLang's own loader from folders named like the published checkpoints.
 STARTUP = r"""
 import logging, sys, types
-from sglang_kimi import algorithms
-from sglang_kimi.models.pairing_notes import log_pairing_warnings
+from sglang_kimi import validation
 from sglang_kimi.speculators.pairing import DrafterMismatchError
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 target, drafter, bad = sys.argv[1:4]
@@ -122,10 +121,15 @@ def cfg(draft):
     return types.SimpleNamespace(model_path=target, trust_remote_code=False, revision=None,
                                  speculative_draft_model_path=draft, speculative_draft_model_revision=None,
                                  speculative_num_draft_tokens=8)
-algorithms._check_pair(cfg(drafter), "DFLASH", 8)
-print("WARNINGS", len(log_pairing_warnings(cfg(drafter))))
+class Count(logging.Handler):
+    seen = 0
+    def emit(self, record):
+        Count.seen += "the drafter was trained" in record.getMessage()
+logging.getLogger("sglang_kimi").addHandler(Count())
+validation._check_pair(cfg(drafter), "DFLASH")
+print("WARNINGS", Count.seen)
 try:
-    algorithms._check_pair(cfg(bad), "DFLASH", 8)
+    validation._check_pair(cfg(bad), "DFLASH")
 except DrafterMismatchError as exc:
     print("REFUSED", str(exc).replace(chr(10), " "))
 """

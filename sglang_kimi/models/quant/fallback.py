@@ -384,7 +384,7 @@ def _quark_class():
     return KimiQuarkConfig
 
 
-def install_dequant_fallbacks():
+def install_dequant_fallbacks(target: str):
     """Replace SGLang's ``compressed-tensors`` and ``quark`` registry entries (and the CPU subset's) with the
     fallback-aware subclasses. Returns None (the table records "ok")."""
     import sglang.srt.layers.quantization as quantization

@@ -1,0 +1,47 @@
+"""The plugin's own server options and switches (a leaf module: imports nothing of the plugin).
+
+``--speculative-dflash-tree-budget N`` (added to SGLang's parser by ``flags.py``) switches DFLASH to DDTree draft
+trees. SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
+(``server_args._sglang_kimi``, pickled into every subprocess like SGLang's own ``_launch_command``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+TREE_BUDGET_FLAG = "--speculative-dflash-tree-budget"
+# A verify window of budget + 1 <= 64 nodes: one 64-bit ancestor-mask word per node (kernels/tree_mla_attention).
+MAX_TREE_BUDGET = 63
+# Attention backends that apply an arbitrary tree mask to MLA verify (TARGET_VERIFY with a FULL_MASK custom mask).
+# FlashInfer-MLA, trtllm-mla, FlashMLA, cutedsl-mla and fa3 verify chains only with Kimi's MLA.
+TREE_MASK_BACKENDS = ("triton", "kimi_cpu")
+# Attention backends that serve speculative decoding (TARGET_VERIFY, draft extend, EAGLE multi-step draft, DFLASH's
+# non-causal draft block) on --device cpu: the plugin's kimi_cpu, and triton under TRITON_INTERPRET=1. SGLang's
+# torch_native has no TARGET_VERIFY (the first verify fails in _run_sdpa_forward_extend) and intel_amx needs the
+# compiled CPU sgl_kernel.
+CPU_SPECULATIVE_BACKENDS = ("kimi_cpu", "triton")
+
+# Debugging only: makes every plugin verification greedy, even for sampled requests (NOT lossless). It exists so
+# that tests and the GSM8K gate can show they fail on a broken verifier; a warning is logged at start-up.
+DEBUG_GREEDY_VERIFY_ENV = "SGLANG_KIMI_DEBUG_GREEDY_VERIFY"
+
+
+@dataclass(frozen=True)
+class PluginArgs:
+    """The plugin's own server options (set from the command line, completed at start-up)."""
+
+    dflash_tree_budget: int | None = None  # DDTree nodes below the root; None = DFlash chains
+    dflash_tree_block: int | None = None  # the drafter's block in tree mode (resolved at start-up)
+
+
+def plugin_args(server_args) -> PluginArgs:
+    return getattr(server_args, "_sglang_kimi", None) or PluginArgs()
+
+
+def debug_greedy_verify() -> bool:
+    return os.environ.get(DEBUG_GREEDY_VERIFY_ENV, "0") == "1"
+
+
+class SpeculativeConfigError(ValueError):
+    """A speculative decoding setting that cannot be served; the message names the values and the fix."""

@@ -1,0 +1,33 @@
+"""The plugin's report in ``/server_info`` (``internal_states[i]["sglang_kimi"]``), added by the scheduler.
+
+Version, every registration's outcome (``plugin.registration_state``), the plugin's server options, the
+per-position acceptance counters (``metrics.py``) and the FP8 KV scales (``models/kv_scales.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sglang_kimi.hooks import hook
+
+
+def plugin_report(server_args) -> dict:
+    from sglang_kimi.metrics import current_snapshot
+    from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
+    from sglang_kimi.options import plugin_args
+    from sglang_kimi.plugin import registration_state
+
+    state = registration_state()
+    state["args"] = dataclasses.asdict(plugin_args(server_args))
+    state["spec_metrics"] = current_snapshot()
+    state["kv_scales"] = kv_scales_snapshot()
+    return state
+
+
+def _add_plugin_report(result, controller, *args, **kwargs):
+    result.internal_state["sglang_kimi"] = plugin_report(controller.scheduler.server_args)
+    return result
+
+
+def install_server_info(target: str):
+    hook(target, _add_plugin_report, "AFTER")

@@ -1,0 +1,169 @@
+"""Every speculative start-up checked before any weight loads (an AROUND hook on SGLang's
+``handle_speculative_decoding``).
+
+The drafter against the target (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids,
+mask token, block size), the draft path, the tree budget, and that the attention backends can serve the mode. Each
+problem is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. Both configs are
+loaded once, through SGLang's own loader, and passed to the checks and to the pairing warnings (a drafter trained for
+another Kimi release or quantization: logged, not refused). In tree mode the verify window is sized here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from sglang_kimi.hooks import hook
+from sglang_kimi.options import (
+    CPU_SPECULATIVE_BACKENDS,
+    DEBUG_GREEDY_VERIFY_ENV,
+    MAX_TREE_BUDGET,
+    TREE_BUDGET_FLAG,
+    TREE_MASK_BACKENDS,
+    SpeculativeConfigError,
+    debug_greedy_verify,
+    plugin_args,
+)
+
+logger = logging.getLogger("sglang_kimi")
+
+
+def _check_draft_path(path: str | None, algorithm: str) -> None:
+    if path is None:
+        raise SpeculativeConfigError(
+            f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path (a {algorithm} drafter "
+            "checkpoint folder or hub id)"
+        )
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise SpeculativeConfigError(
+                f"--speculative-draft-model-path {path} has no config.json: point it at a drafter checkpoint folder"
+            )
+        return
+    if path.startswith(("/", ".", "~")) or path.count("/") != 1:
+        raise SpeculativeConfigError(
+            f"--speculative-draft-model-path {path} does not exist: pass an existing drafter folder or a hub id"
+        )
+
+
+def load_config(path: str, trust_remote_code: bool, revision: str | None):
+    """A checkpoint's HF config through SGLang's own loader (local folder or hub id; Kimi's wrapper config)."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    return get_config(path, trust_remote_code=trust_remote_code, revision=revision)
+
+
+def _check_tree_budget(budget: int, algorithm: str | None) -> None:
+    if algorithm != "DFLASH":
+        raise SpeculativeConfigError(
+            f"{TREE_BUDGET_FLAG} is for DFLASH draft trees, but --speculative-algorithm is {algorithm}: pass "
+            f"--speculative-algorithm DFLASH, or use --speculative-eagle-topk > 1 for EAGLE3 trees"
+        )
+    if not 1 <= budget <= MAX_TREE_BUDGET:
+        raise SpeculativeConfigError(
+            f"{TREE_BUDGET_FLAG} {budget} is outside 1..{MAX_TREE_BUDGET}: pick a node budget in that range"
+        )
+
+
+def _backends(cfg) -> list[tuple[str, str | None]]:
+    return [
+        ("--attention-backend", cfg.attention_backend),
+        ("--decode-attention-backend", cfg.decode_attention_backend),
+        ("--prefill-attention-backend", cfg.prefill_attention_backend),
+    ]
+
+
+def _check_tree_backend(cfg) -> None:
+    for flag, backend in _backends(cfg):
+        if backend is not None and backend not in TREE_MASK_BACKENDS:
+            raise SpeculativeConfigError(
+                f"DFLASH draft trees need an attention backend that applies tree masks to MLA verify, but "
+                f"{flag} is {backend}: use --attention-backend {' or '.join(TREE_MASK_BACKENDS)}"
+            )
+    if cfg.page_size not in (None, 1):
+        raise SpeculativeConfigError(
+            f"DFLASH draft trees commit the accepted path by reordering KV slots, which needs --page-size 1 "
+            f"(got {cfg.page_size})"
+        )
+    if cfg.enable_deterministic_inference:
+        raise SpeculativeConfigError(
+            "DFLASH draft trees do not support --enable-deterministic-inference (per-request sampling seeds)"
+        )
+
+
+def _check_cpu_backend(cfg, algorithm: str) -> None:
+    """On --device cpu, every attention backend a speculative step uses must serve verify and draft forwards."""
+    if (cfg.device or "").lower() != "cpu":
+        return
+    for flag, backend in _backends(cfg):
+        if backend is not None and backend not in CPU_SPECULATIVE_BACKENDS:
+            raise SpeculativeConfigError(
+                f"--speculative-algorithm {algorithm} on --device cpu needs an attention backend that serves "
+                f"verify and draft forwards, but {flag} is {backend}: use --attention-backend "
+                f"{' or '.join(CPU_SPECULATIVE_BACKENDS)} (triton only under TRITON_INTERPRET=1)"
+            )
+
+
+def _check_pair(cfg, algorithm: str):
+    """The drafter against the target (raises on what cannot work; logs what only loses acceptance). Returns the
+    parsed drafter config."""
+    from sglang_kimi.speculators.pairing import pairing_warnings, validate_pair
+
+    target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
+    draft = load_config(cfg.speculative_draft_model_path, cfg.trust_remote_code, cfg.speculative_draft_model_revision)
+    drafter = validate_pair(
+        target, draft, num_draft_tokens=cfg.speculative_num_draft_tokens, expected_algorithm=algorithm
+    )
+    for message in pairing_warnings(
+        target,
+        draft,
+        num_draft_tokens=cfg.speculative_num_draft_tokens,
+        target_path=cfg.model_path,
+        draft_path=cfg.speculative_draft_model_path,
+    ):
+        logger.warning("sglang-kimi: %s", message)
+    return drafter
+
+
+def _resolve_speculative(original, server_args):
+    """Around SGLang's ``handle_speculative_decoding``: the plugin's checks before, tree resolution after."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    cfg = resolving_view(server_args)
+    args = plugin_args(server_args)
+    algorithm = (cfg.speculative_algorithm or "").upper() or None
+    if algorithm is not None:
+        _check_cpu_backend(cfg, algorithm)
+    if args.dflash_tree_budget is not None:
+        _check_tree_budget(args.dflash_tree_budget, algorithm)
+        _check_tree_backend(cfg)
+    if algorithm is not None and debug_greedy_verify():
+        logger.warning(
+            "sglang-kimi: %s=1: sampled requests are verified GREEDILY (debugging only; output is not lossless)",
+            DEBUG_GREEDY_VERIFY_ENV,
+        )
+    drafter = None
+    if algorithm in ("DFLASH", "EAGLE3"):
+        _check_draft_path(cfg.speculative_draft_model_path, algorithm)
+        drafter = _check_pair(cfg, algorithm)
+
+    original(server_args)
+
+    if args.dflash_tree_budget is not None:
+        cfg = resolving_view(server_args)
+        block = min(int(cfg.speculative_num_draft_tokens or drafter.block_size), args.dflash_tree_budget + 1)
+        window = args.dflash_tree_budget + 1
+        declare_resolution(server_args, "sglang_kimi.dflash_tree", speculative_num_draft_tokens=window)
+        server_args._sglang_kimi = dataclasses.replace(args, dflash_tree_block=block)
+        logger.info(
+            "sglang-kimi: DFLASH draft trees, budget %d: drafter block %d, verify window %d tokens",
+            args.dflash_tree_budget,
+            block,
+            window,
+        )
+
+
+def install_validation(target: str):
+    hook(target, _resolve_speculative, "AROUND")
