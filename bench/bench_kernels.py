@@ -356,7 +356,6 @@ def bench_moe(ctx):
             for impl, ms in results.items():
                 rows.append({"section": "moe", "case": f"{name[:-5]} M={M}", "impl": impl, "ms": ms,
                              "x_vs_sglang": results["SGLang choice"] / ms})
-            del x, w1, w2
     return rows
 
 

@@ -36,14 +36,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
-from sglang_kimi.speculators.dflash import DFlashDrafter
-from sglang_kimi.speculators.eagle3 import Eagle3Drafter
-from sglang_kimi.speculators.reference import (
-    ChainProposer,
-    DDTreeProposer,
-    EagleProposer,
-    generate,
-)
+from sglang_kimi.speculators.reference.dflash import DFlashDrafter
+from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
+from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer, generate
 
 from sglang_kimi.models import tiny
 

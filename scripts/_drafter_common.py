@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sglang_kimi.speculators.reference import Target, TargetOutput
+from sglang_kimi.speculators.reference.loop import Target, TargetOutput
 
 from sglang_kimi.models import tiny
 

@@ -51,7 +51,8 @@ def check(path: Path) -> dict:
     from safetensors.torch import load_file
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.utils.hf_transformers_utils import get_config
-    from sglang_kimi.speculators import dflash, eagle3
+    from sglang_kimi.speculators.reference import dflash, eagle3
+    from sglang_kimi.speculators.reference.layers import rope_for
 
     hf_config = get_config(str(path), trust_remote_code=False)
     arch = hf_config.architectures[0]
@@ -99,7 +100,7 @@ def check(path: Path) -> dict:
         ok &= torch.equal(attn.qkv_proj.weight, qkv)
         rope = attn.rotary_emb
         pos = torch.arange(0, 300)
-        cos, sin = cfg.rope().cos_sin(pos)
+        cos, sin = rope_for(cfg).cos_sin(pos)
         cache = rope.cos_sin_cache[pos].float()
         rope_err = max(
             (cache[:, : cos.shape[1]] - cos).abs().max().item(), (cache[:, cos.shape[1] :] - sin).abs().max().item()
@@ -115,7 +116,7 @@ def check(path: Path) -> dict:
         ctx_ours = ours.project_context(target_hidden)
         k, v = attn.kv_proj_only(ctx_sg)
         k = attn.apply_k_rope(torch.arange(5), attn.apply_k_norm(k))
-        ok_k, ok_v = ours.layers[0].self_attn.context_kv(ctx_ours[None], *cfg.rope().cos_sin(torch.arange(5)[None]))
+        ok_k, ok_v = ours.layers[0].self_attn.context_kv(ctx_ours[None], *rope_for(cfg).cos_sin(torch.arange(5)[None]))
         kv_err = max(
             (k.view_as(ok_k[0]) - ok_k[0]).abs().max().item(), (v.view_as(ok_v[0]) - ok_v[0]).abs().max().item()
         )

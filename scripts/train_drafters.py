@@ -43,8 +43,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _drafter_common as common
-from sglang_kimi.speculators import dflash, eagle3
-from sglang_kimi.speculators.reference import ChainProposer, EagleProposer, generate
+from sglang_kimi.speculators import configs
+from sglang_kimi.speculators.reference import dflash, eagle3
+from sglang_kimi.speculators.reference.loop import ChainProposer, EagleProposer, generate
 
 from sglang_kimi.models import tiny
 
@@ -166,9 +167,9 @@ def train_loop(name: str, step_fn, params, minutes: float, lr: float, seed: int,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def dflash_config(args) -> dflash.DFlashConfig:
+def dflash_config(args) -> configs.DFlashConfig:
     t = tiny.TEXT_CONFIG
-    return dflash.DFlashConfig.from_dict(
+    return configs.DFlashConfig.from_dict(
         {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -320,9 +321,9 @@ def check_ttt_step(model: eagle3.Eagle3Drafter, seqs: list[dict], slots: list[in
         assert err < 1e-4, f"ttt_step differs from the drafter's forward at step {j}: {err}"
 
 
-def eagle3_config(args, aux_ids) -> eagle3.Eagle3Config:
+def eagle3_config(args, aux_ids) -> configs.Eagle3Config:
     t = tiny.TEXT_CONFIG
-    return eagle3.Eagle3Config.from_dict(
+    return configs.Eagle3Config.from_dict(
         {
             "architectures": ["LlamaForCausalLMEagle3"],
             "model_type": "llama",

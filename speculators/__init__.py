@@ -1,67 +1,12 @@
-"""Speculative decoding algorithms in pure PyTorch (no SGLang, no kernels), installed as ``sglang_kimi.speculators``.
+"""Speculative decoding algorithms in pure PyTorch (no SGLang), installed as ``sglang_kimi.speculators``.
 
-- :mod:`.trees`: :class:`DraftTree` and its builders: chains, DDTree best-first trees, EAGLE dynamic trees;
-  ancestor masks, positions and SGLang's retrieve arrays.
-- :mod:`.verify`: greedy, sampled (target-only) and stochastic-chain verification; the sampler's processing.
-- :mod:`.reference`: the reference decode loop (the oracle for every lossless test), proposers, target adapters.
+What serving imports, each algorithm in one module:
+
+- :mod:`.trees`: :class:`DraftTree` (the one set of sentinels), chains, EAGLE dynamic trees, SGLang's retrieve arrays.
+- :mod:`.ddtree`: the DDTree build (ranking, tensor-parallel shard merge, best-first tree).
+- :mod:`.verify`: greedy and lossless sampled verification of chains and trees, seeded per-request coins.
+- :mod:`.configs`: drafter configs (DFlash, EAGLE3); :mod:`.pairing`: drafter / target validation and warnings.
+
+Apart, what only oracles, training and tests use: :mod:`.reference` (the reference decode loop, the reference DDTree
+heap, the DFlash and EAGLE3 drafter modules).
 """
-
-from .reference import (
-    ChainProposer,
-    DDTreeProposer,
-    DraftContext,
-    EagleProposer,
-    GenerateOutput,
-    Proposal,
-    Proposer,
-    Target,
-    TargetOutput,
-    TinyTarget,
-    generate,
-    hf_target,
-)
-from .trees import (
-    NO_NODE,
-    NO_PARENT,
-    PAD_TOKEN_ID,
-    DraftTree,
-    build_chain,
-    build_ddtree,
-    build_eagle_tree,
-    draft_eagle_tree,
-)
-from .verify import (
-    VerifyResult,
-    process_logits,
-    verify_chain_stochastic,
-    verify_greedy,
-    verify_sampled,
-)
-
-__all__ = [
-    "NO_NODE",
-    "NO_PARENT",
-    "PAD_TOKEN_ID",
-    "ChainProposer",
-    "DDTreeProposer",
-    "DraftContext",
-    "DraftTree",
-    "EagleProposer",
-    "GenerateOutput",
-    "Proposal",
-    "Proposer",
-    "Target",
-    "TargetOutput",
-    "TinyTarget",
-    "VerifyResult",
-    "build_chain",
-    "build_ddtree",
-    "build_eagle_tree",
-    "draft_eagle_tree",
-    "generate",
-    "hf_target",
-    "process_logits",
-    "verify_chain_stochastic",
-    "verify_greedy",
-    "verify_sampled",
-]

@@ -20,26 +20,27 @@ layer (l = L-1) can never be captured and ids must lie in 0..L-2.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .dflash import DFlashConfig
-    from .eagle3 import Eagle3Config
+from .configs import (
+    DFLASH,
+    EAGLE3,
+    DFLASH_ARCHITECTURES,
+    EAGLE3_ARCHITECTURES,
+    DFlashConfig,
+    Eagle3Config,
+    drafter_algorithm,
+    load_config_dict,
+    parse_drafter_config,
+)
 
-DFLASH = "DFLASH"
-EAGLE3 = "EAGLE3"
-
-DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 
 
-class DrafterConfigError(ValueError):
-    """A drafter ``config.json`` that cannot be parsed: a missing or invalid field, an unknown architecture."""
+
 
 
 @dataclass(frozen=True)
@@ -71,24 +72,6 @@ class DrafterMismatchError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_config_dict(source: Any) -> dict:
-    """A ``config.json`` as a dict, from a dict, a path (folder or file) or an HF config object (``to_dict()``)."""
-    if isinstance(source, Mapping):
-        return dict(source)
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise DrafterConfigError(f"no config.json at {source!s}")
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise DrafterConfigError(f"{path} is not valid JSON: {e}") from e
-    to_dict = getattr(source, "to_dict", None)
-    if callable(to_dict):
-        return dict(to_dict())
-    raise TypeError(f"expected a config dict, a path or an HF config object, got {type(source).__name__}")
 
 
 @dataclass(frozen=True)
@@ -128,35 +111,8 @@ class TargetInfo:
         return range(self.num_hidden_layers - 1)
 
 
-def drafter_algorithm(draft_config: Any) -> str:
-    """``"DFLASH"`` or ``"EAGLE3"`` from a drafter config's ``architectures``."""
-    from .dflash import DFlashConfig
-    from .eagle3 import Eagle3Config
-
-    if isinstance(draft_config, DFlashConfig):
-        return DFLASH
-    if isinstance(draft_config, Eagle3Config):
-        return EAGLE3
-    archs = list(load_config_dict(draft_config).get("architectures") or [])
-    if any(a in DFLASH_ARCHITECTURES for a in archs):
-        return DFLASH
-    if any(a in EAGLE3_ARCHITECTURES for a in archs):
-        return EAGLE3
-    raise DrafterConfigError(
-        f"unknown drafter architectures {archs}: expected one of {list(DFLASH_ARCHITECTURES)} (DFLASH) or "
-        f"{list(EAGLE3_ARCHITECTURES)} (EAGLE3)"
-    )
 
 
-def parse_drafter_config(draft_config: Any) -> DFlashConfig | Eagle3Config:
-    """The parsed :class:`~.dflash.DFlashConfig` or :class:`~.eagle3.Eagle3Config` of a drafter config."""
-    from .dflash import DFlashConfig
-    from .eagle3 import Eagle3Config
-
-    if isinstance(draft_config, (DFlashConfig, Eagle3Config)):
-        return draft_config
-    d = load_config_dict(draft_config)
-    return DFlashConfig.from_dict(d) if drafter_algorithm(d) == DFLASH else Eagle3Config.from_dict(d)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -136,8 +136,8 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
 
 @functools.lru_cache(maxsize=1)
 def _reference_models():
-    from sglang_kimi.speculators.dflash import DFlashDrafter
-    from sglang_kimi.speculators.eagle3 import Eagle3Drafter
+    from sglang_kimi.speculators.reference.dflash import DFlashDrafter
+    from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 
     from sglang_kimi.models import tiny
 
@@ -152,11 +152,7 @@ def _reference_models():
 def reference_proposer(method: dict):
     """(a fresh proposer, capture layers) of the reference loop for one server configuration: ``method`` is
     ``{"dflash_tree_budget": B or None}`` or ``{"eagle": (steps, topk, draft tokens)}``."""
-    from sglang_kimi.speculators.reference import (
-        ChainProposer,
-        DDTreeProposer,
-        EagleProposer,
-    )
+    from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer
 
     from sglang_kimi.models import tiny
 
@@ -182,7 +178,7 @@ def reference_proposer(method: dict):
 def reference_tau(method: dict, prompts, max_new_tokens: int = MAX_NEW_TOKENS) -> float:
     """tau (tokens per target forward) of the reference decode loop over the prompts, greedy."""
     import _drafter_common as common
-    from sglang_kimi.speculators.reference import generate as reference_generate
+    from sglang_kimi.speculators.reference.loop import generate as reference_generate
 
     target, _, _ = _reference_models()
     _, tokenizer = hf_model()

@@ -18,21 +18,12 @@ from _drafter_helpers import (
     scaled_dflash,
     tiny_compact,
 )
-from sglang_kimi.speculators.dflash import (
-    DFlashConfig,
-    DFlashDrafter,
-    Rope,
-    build_target_layer_ids,
-    published_weight_names,
-    yarn_attention_factor,
-)
-from sglang_kimi.speculators.reference import (
-    ChainProposer,
-    DDTreeProposer,
-    DraftContext,
-    TinyTarget,
-    generate,
-)
+from sglang_kimi.speculators.reference.layers import rope_for
+from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
+from sglang_kimi.speculators.reference.layers import Rope
+from sglang_kimi.speculators.reference.dflash import DFlashDrafter, published_weight_names
+from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, generate
+from support.targets import TinyTarget
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -100,7 +91,7 @@ def test_yarn_matches_transformers(with_mscale):
     cfg = DFlashConfig.from_dict(d)
     hf = Qwen3Config(**{k: v for k, v in d.items() if k not in ("architectures", "dflash_config")})
     inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, torch.device("cpu"))
-    rope = cfg.rope()
+    rope = rope_for(cfg)
     assert torch.allclose(rope.inv_freq(), inv_freq, rtol=1e-6, atol=0)
     expected = 1.0 if with_mscale else 1 + 0.1 * math.log(64)
     assert factor == pytest.approx(expected) and rope.attention_factor() == pytest.approx(expected)
@@ -228,7 +219,7 @@ def test_context_kv_is_per_token():
     once per token): K/V of a prefix equals the prefix of K/V."""
     model, feats = drafter_and_context()
     attn = model.layers[1].self_attn
-    rope = model.config.rope()
+    rope = rope_for(model.config)
     with torch.no_grad():
         ctx = model.project_context(feats)[None]
         k_all, v_all = attn.context_kv(ctx, *rope.cos_sin(torch.arange(10)[None]))
@@ -331,7 +322,8 @@ def test_compact_target_matches_hf_reference():
     """The benchmark's target (compact TinyKimiLM through _drafter_common, with and without its prefix cache)
     equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
     import _drafter_common as common
-    from sglang_kimi.speculators.reference import causal_mask, hf_target, tree_verify_inputs
+    from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
+    from support.targets import hf_target
     from sglang_kimi.speculators.trees import build_ddtree
 
     from sglang_kimi.models import tiny

@@ -23,14 +23,12 @@ from _drafter_helpers import (
     scaled_eagle3,
     tiny_compact,
 )
-from sglang_kimi.speculators.eagle3 import (
-    Eagle3Config,
-    Eagle3Drafter,
-    build_vocab_map,
-    published_weight_names,
-)
-from sglang_kimi.speculators.pairing import DrafterConfigError
-from sglang_kimi.speculators.reference import DraftContext, EagleProposer, TinyTarget, generate
+from sglang_kimi.speculators.reference.layers import rope_for
+from sglang_kimi.speculators.configs import Eagle3Config
+from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map, published_weight_names
+from sglang_kimi.speculators.configs import DrafterConfigError
+from sglang_kimi.speculators.reference.loop import DraftContext, EagleProposer, generate
+from support.targets import TinyTarget
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -105,10 +103,10 @@ def test_config_errors():
 def test_mla_rope_and_scale():
     """MLA drafts use SGLang's deepseek_yarn: interleaved pairs, cos/sin * get_mscale(f, mscale) /
     get_mscale(f, mscale_all_dim), softmax scale * get_mscale(f, mscale_all_dim)^2."""
-    from sglang_kimi.speculators.eagle3 import Eagle3MLAAttention
+    from sglang_kimi.speculators.reference.eagle3 import Eagle3MLAAttention
 
     cfg = Eagle3Config.from_dict(fixture(EAGLE3_MLA))
-    rope = cfg.rope()
+    rope = rope_for(cfg)
     assert not rope.neox and rope.deepseek and rope.attention_factor() == 1.0
     small = Eagle3Config.from_dict(scaled_eagle3(EAGLE3_MLA))
     attn = Eagle3MLAAttention(small)

@@ -19,15 +19,8 @@ from _drafter_helpers import (
     ZLAB_DFLASH,
     fixture,
 )
-from sglang_kimi.speculators.dflash import DFlashConfig
-from sglang_kimi.speculators.eagle3 import Eagle3Config
-from sglang_kimi.speculators.pairing import (
-    DrafterConfigError,
-    DrafterMismatchError,
-    TargetInfo,
-    drafter_algorithm,
-    validate_pair,
-)
+from sglang_kimi.speculators.configs import DFlashConfig, DrafterConfigError, Eagle3Config, drafter_algorithm
+from sglang_kimi.speculators.pairing import DrafterMismatchError, TargetInfo, validate_pair
 
 EAGLE3_FIXTURES = [EAGLE3_GQA, EAGLE3_MLA, EAGLE31_MLA, NVIDIA_EAGLE3]
 

@@ -3,18 +3,18 @@
 ``generate(target, prompt, n)`` decodes autoregressively; ``generate(..., proposer=P)`` decodes speculatively:
 each step P drafts a tree rooted at the last committed token, the target scores the whole tree in one forward
 (full recompute: committed tokens + tree under an ancestor mask, tree node i at position ``root + depth``), and
-:mod:`.verify` accepts a path and emits the bonus. Greedy output must equal autoregressive output token for token;
+:mod:`..verify` accepts a path and emits the bonus. Greedy output must equal autoregressive output token for token;
 sampled output must follow the same law.
 
 Target protocol (:class:`Target`): ``target(input_ids [1, T], position_ids [1, T], attention_mask bool [1, T, T])
 -> TargetOutput(logits [1, T, V], hidden_states [1, T, C] or None)``, where ``attention_mask[0, i, j]`` says
 query i sees key j and ``hidden_states`` concatenates the captured layers (drafter "target layer id" l = output
-of decoder layer l = HF ``hidden_states[l + 1]``). :func:`hf_target` adapts a transformers causal LM;
-:class:`TinyTarget` is a random pure-torch target for tests.
+of decoder layer l = HF ``hidden_states[l + 1]``). ``tests/support/targets.py`` adapts a
+transformers causal LM and builds random pure-torch targets for the tests.
 
 Proposer protocol (:class:`Proposer`, transformers' candidate generator in two methods): ``propose(context)``
 returns a :class:`Proposal` (a batch-1 DraftTree rooted at ``context.tokens[-1]``, plus q for a stochastic chain);
-``update(result)`` receives the step's :class:`~.verify.VerifyResult`.
+``update(result)`` receives the step's :class:`~sglang_kimi.speculators.verify.VerifyResult`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Protocol
 
 import torch
 
-from .trees import DraftTree, build_chain, build_ddtree, draft_eagle_tree
-from .verify import (
+from ..trees import DraftTree, build_chain, build_ddtree, draft_eagle_tree
+from ..verify import (
     TOP_K_ALL,
     VerifyResult,
     process_logits,
@@ -248,102 +248,3 @@ def generate(
         histogram[accepted] += 1
     new_tokens = tokens[prompt_len : prompt_len + max_new_tokens]
     return GenerateOutput(new_tokens.tolist(), num_forwards, histogram)
-
-
-def hf_target(model: torch.nn.Module, capture_layer_ids: Sequence[int] = ()) -> Target:
-    """Adapt a transformers causal LM to the :class:`Target` protocol.
-
-    The bool mask becomes HF's 4D additive mask [1, 1, T, T] (0 = attend, dtype min = masked), which HF passes
-    through unchanged; ``capture_layer_ids`` l select ``hidden_states[l + 1]`` (output of decoder layer l).
-    """
-    dtype = next(model.parameters()).dtype
-    device = next(model.parameters()).device
-
-    def target(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> TargetOutput:
-        additive = torch.zeros(attention_mask.shape, dtype=dtype, device=device)
-        additive.masked_fill_(~attention_mask.to(device), torch.finfo(dtype).min)
-        with torch.no_grad():
-            out = model(
-                input_ids=input_ids.to(device),
-                position_ids=position_ids.to(device),
-                attention_mask=additive[:, None],
-                output_hidden_states=bool(capture_layer_ids),
-                use_cache=False,
-            )
-        hidden = None
-        if capture_layer_ids:
-            hidden = torch.cat([out.hidden_states[layer + 1] for layer in capture_layer_ids], dim=-1)
-        return TargetOutput(out.logits.to(input_ids.device), None if hidden is None else hidden.to(input_ids.device))
-
-    return target
-
-
-class TinyTarget(torch.nn.Module):
-    """A random causal LM for tests whose tree-verify logits equal its token-by-token logits bit for bit.
-
-    Absolute position embeddings, ``num_layers`` single-head attention + ReLU MLP blocks, an LM head. Every
-    reduction is a sequential ``cumsum`` (on CPU: a left-to-right loop) and every nonlinearity uses only
-    + - * / max, so a row's output depends only on the keys it sees, in position order: masked keys add exact
-    zeros. This is what makes exact greedy equality testable in float32 (real models need a batch-invariant
-    kernel for that). Accepts any batch size; ``capture_layer_ids`` as in :func:`hf_target`.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int = 32,
-        hidden_size: int = 16,
-        num_layers: int = 2,
-        max_positions: int = 512,
-        capture_layer_ids: Sequence[int] = (),
-        logit_scale: float = 0.5,
-        seed: int = 0,
-    ) -> None:
-        super().__init__()
-        gen = torch.Generator().manual_seed(seed)
-
-        def param(*shape: int, scale: float) -> torch.nn.Parameter:
-            return torch.nn.Parameter(torch.randn(*shape, generator=gen) * scale, requires_grad=False)
-
-        h = hidden_size
-        self.embed = param(vocab_size, h, scale=1.0)
-        self.position = param(max_positions, h, scale=1.0)
-        self.layers = torch.nn.ParameterList()
-        for _ in range(num_layers):  # q, k, v, o, up, down
-            self.layers.extend([param(h, h, scale=h**-0.5) for _ in range(4)])
-            self.layers.extend([param(h, 2 * h, scale=h**-0.5), param(2 * h, h, scale=(2 * h) ** -0.5)])
-        self.lm_head = param(h, vocab_size, scale=logit_scale * h**-0.5)
-        self.num_layers = num_layers
-        self.capture_layer_ids = tuple(capture_layer_ids)
-
-    @staticmethod
-    def _sum_last(x: torch.Tensor) -> torch.Tensor:
-        return x.cumsum(dim=-1)[..., -1]
-
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return self._sum_last(x[..., None, :] * weight.T)  # [..., in] x [in, out] -> [..., out]
-
-    def _attention(self, x: torch.Tensor, mask: torch.Tensor, wq, wk, wv, wo) -> torch.Tensor:
-        q, k, v = self._linear(x, wq), self._linear(x, wk), self._linear(x, wv)  # [B, T, H]
-        scores = self._sum_last(q[:, :, None, :] * k[:, None, :, :])  # [B, T, T]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        centred = scores - scores.amax(dim=-1, keepdim=True)
-        weights = torch.where(mask, 1.0 / (1.0 + centred * centred), 0.0)  # rational "softmax": exact ops only
-        weights = weights / self._sum_last(weights)[..., None]
-        mixed = self._sum_last(weights[:, :, None, :] * v.transpose(1, 2)[:, None, :, :])  # [B, T, H]
-        return self._linear(mixed, wo)
-
-    def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> TargetOutput:
-        x = self.embed[input_ids] + self.position[position_ids]  # [B, T, H]
-        hidden_states = [x]
-        for layer in range(self.num_layers):
-            wq, wk, wv, wo, up, down = self.layers[6 * layer : 6 * layer + 6]
-            x = x + self._attention(x, attention_mask, wq, wk, wv, wo)
-            x = x + self._linear(torch.relu(self._linear(x, up)), down)
-            hidden_states.append(x)
-        logits = self._linear(x, self.lm_head)  # [B, T, V]
-        captured = None
-        if self.capture_layer_ids:
-            captured = torch.cat([hidden_states[layer + 1] for layer in self.capture_layer_ids], dim=-1)
-        return TargetOutput(logits, captured)

@@ -1,7 +1,7 @@
 """EAGLE3 drafter (SpecForge / lightseek format, GQA or MLA attention): config, d2t/t2d, module, tree drafting.
 
 One decoder layer ("midlayer") over ``cat(input_layernorm(embed(token)), hidden_norm(h))`` with residual ``h``,
-then a final ``norm`` and a reduced-vocab ``lm_head`` (``reference/algorithms.md`` 3.1; SGLang
+then a final ``norm`` and a reduced-vocab ``lm_head`` (``docs/drafters.md``; SGLang
 ``srt/models/llama_eagle3.py`` and, for MLA, ``srt/models/kimi_k25_eagle3.py``):
 
 - ``h`` is ``fc(cat_l target h_l)`` (the target's aux layers; eagle3.1 ``fc_norm`` normalizes each chunk first)
@@ -28,248 +28,17 @@ points, i.e. the outputs of layers c-1; absent, the capture points are [2, L//2,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dflash import GatedMLP, RMSNorm, Rope, _get, masked_attention, normalize_rope_scaling
-from .pairing import DrafterConfigError, load_config_dict
-from .reference import DraftContext
-
-GQA, MLA = "gqa", "mla"
-ARCHITECTURE_ATTENTION = {"LlamaForCausalLMEagle3": GQA, "Eagle3DeepseekV2ForCausalLM": MLA}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Config
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    """An EAGLE3 drafter ``config.json``, parsed once (``LlamaForCausalLMEagle3`` or the MLA
-    ``Eagle3DeepseekV2ForCausalLM``); errors name the field (:class:`~.pairing.DrafterConfigError`)."""
-
-    architecture: str
-    hidden_size: int
-    num_attention_heads: int
-    intermediate_size: int
-    vocab_size: int
-    draft_vocab_size: int
-    num_key_value_heads: int = 0  # GQA; 0 = num_attention_heads
-    head_dim: int = 0  # GQA; 0 = hidden_size // num_attention_heads
-    aux_layer_ids: tuple[int, ...] | None = None  # eagle_config.eagle_aux_hidden_state_layer_ids, as written
-    num_aux_hidden_states: int = 3
-    target_hidden_size: int = 0  # 0 = hidden_size
-    has_target_hidden_size: bool = False
-    fc_norm: bool = False  # eagle3.1: per-chunk RMSNorm before fc (also spelled use_aux_norm)
-    norm_output: bool = False  # eagle3.1: the next step's h is the normed output
-    norm_before_fc: bool = False  # one RMSNorm over the concatenated features before fc
-    fc_bias: bool = False  # config "bias"
-    lm_head_from_target: bool = False  # draft_vocab_size absent: SGLang loads lm_head from the target
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    # MLA (Eagle3DeepseekV2ForCausalLM)
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    rope_interleave: bool = True
-    extra: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def attention(self) -> str:
-        return ARCHITECTURE_ATTENTION[self.architecture]
-
-    @property
-    def architectures(self) -> tuple[str, ...]:
-        return (self.architecture,)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> Eagle3Config:
-        d = dict(d)
-        archs = [a for a in (d.get("architectures") or ()) if a in ARCHITECTURE_ATTENTION]
-        if not archs:
-            raise DrafterConfigError(
-                f"not an EAGLE3 drafter config: architectures {d.get('architectures')} (expected one of "
-                f"{sorted(ARCHITECTURE_ATTENTION)})"
-            )
-        arch = archs[0]
-        if _get(d, "num_hidden_layers", int, 1) != 1:
-            raise DrafterConfigError(
-                f"EAGLE3 drafters have one decoder layer, got num_hidden_layers {d['num_hidden_layers']}"
-            )
-        if d.get("hidden_act", "silu") != "silu":
-            raise DrafterConfigError(f"hidden_act {d.get('hidden_act')!r} is not supported (silu)")
-        if d.get("tie_word_embeddings"):
-            raise DrafterConfigError(
-                "tie_word_embeddings is not supported for EAGLE3 drafters (Kimi drafts have a head)"
-            )
-        ec = d.get("eagle_config") or {}
-        if not isinstance(ec, Mapping):
-            raise DrafterConfigError(f"eagle_config must be an object, got {ec!r}")
-        if ec.get("use_aux_hidden_state", True) is False:
-            raise DrafterConfigError("eagle_config.use_aux_hidden_state false (EAGLE-2 style) is not EAGLE3")
-        ids = ec.get("eagle_aux_hidden_state_layer_ids", d.get("eagle_aux_hidden_state_layer_ids"))
-        if ids is not None:
-            if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) for i in ids):
-                raise DrafterConfigError(
-                    f"eagle_config.eagle_aux_hidden_state_layer_ids must be a non-empty int list, got {ids!r}"
-                )
-            ids = tuple(int(i) for i in ids)
-        num_aux = d.get("num_aux_hidden_states")
-        num_aux = int(num_aux) if num_aux is not None else (len(ids) if ids else 3)
-        hidden = _get(d, "hidden_size", int)
-        heads = _get(d, "num_attention_heads", int)
-        vocab = _get(d, "vocab_size", int)
-        draft_vocab = d.get("draft_vocab_size")
-        theta, scaling = normalize_rope_scaling(d)
-        target_hidden = d.get("target_hidden_size")
-        mla: dict[str, Any] = {}
-        if arch == "Eagle3DeepseekV2ForCausalLM":
-            mla = {
-                k: _get(d, k, int)
-                for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-            }
-            mla["rope_interleave"] = _get(d, "rope_interleave", bool, True)
-        known = {
-            "architectures", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "intermediate_size", "vocab_size", "draft_vocab_size", "num_hidden_layers", "eagle_config",
-            "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states", "target_hidden_size", "fc_norm",
-            "use_aux_norm", "norm_output", "norm_before_fc", "bias", "rms_norm_eps", "rope_theta", "rope_scaling",
-            "rope_parameters", "max_position_embeddings", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-            "qk_rope_head_dim", "v_head_dim", "rope_interleave", "hidden_act", "tie_word_embeddings",
-        }  # fmt: skip
-        cfg = cls(
-            architecture=arch,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=_get(d, "num_key_value_heads", int, heads),
-            head_dim=_get(d, "head_dim", int, hidden // heads),
-            intermediate_size=_get(d, "intermediate_size", int),
-            vocab_size=vocab,
-            draft_vocab_size=vocab if draft_vocab is None else _get(d, "draft_vocab_size", int),
-            aux_layer_ids=ids,
-            num_aux_hidden_states=num_aux,
-            target_hidden_size=hidden if target_hidden is None else int(target_hidden),
-            has_target_hidden_size=target_hidden is not None,
-            fc_norm=bool(d.get("fc_norm") or d.get("use_aux_norm")),
-            norm_output=bool(d.get("norm_output", False)),
-            # LlamaForCausalLMEagle3 only: SGLang's MLA draft has no input_norm
-            norm_before_fc=arch == "LlamaForCausalLMEagle3"
-            and bool(ec.get("norm_before_fc", d.get("norm_before_fc", False))),
-            fc_bias=bool(d.get("bias", False)),
-            lm_head_from_target=draft_vocab is None,
-            rms_norm_eps=_get(d, "rms_norm_eps", float, 1e-6),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            max_position_embeddings=_get(d, "max_position_embeddings", int, 2048),
-            extra={k: v for k, v in d.items() if k not in known},
-            **mla,
-        )
-        if cfg.attention == GQA and cfg.num_attention_heads % cfg.num_key_value_heads:
-            raise DrafterConfigError(
-                f"num_attention_heads {heads} is not a multiple of num_key_value_heads {cfg.num_key_value_heads}"
-            )
-        if ids is not None and len(ids) != num_aux:
-            raise DrafterConfigError(
-                f"num_aux_hidden_states {num_aux} disagrees with eagle_aux_hidden_state_layer_ids {list(ids)}"
-            )
-        return cfg
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> Eagle3Config:
-        return cls.from_dict(load_config_dict(path))
-
-    def to_dict(self) -> dict:
-        """The config.json content in the layout SGLang's loaders read."""
-        d = dict(self.extra)
-        d.update(
-            architectures=[self.architecture],
-            hidden_size=self.hidden_size,
-            num_hidden_layers=1,
-            num_attention_heads=self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            hidden_act="silu",
-            tie_word_embeddings=False,
-            max_position_embeddings=self.max_position_embeddings,
-            rope_theta=self.rope_theta,
-            rope_scaling=None if self.rope_scaling is None else dict(self.rope_scaling),
-        )
-        if self.attention == GQA:
-            d.update(num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim)
-            d.setdefault("model_type", "llama")
-        else:
-            d.update(
-                num_key_value_heads=self.num_attention_heads,
-                q_lora_rank=self.q_lora_rank,
-                kv_lora_rank=self.kv_lora_rank,
-                qk_nope_head_dim=self.qk_nope_head_dim,
-                qk_rope_head_dim=self.qk_rope_head_dim,
-                v_head_dim=self.v_head_dim,
-                rope_interleave=self.rope_interleave,
-            )
-            d.setdefault("model_type", "kimi_k2")
-        if not self.lm_head_from_target:
-            d["draft_vocab_size"] = self.draft_vocab_size
-        if self.has_target_hidden_size:
-            d["target_hidden_size"] = self.target_hidden_size
-        if self.fc_norm:
-            d["fc_norm"] = True
-        if self.norm_output:
-            d["norm_output"] = True
-        if self.fc_bias:
-            d["bias"] = True
-        ec = dict(d.get("eagle_config") or {})
-        ec["use_aux_hidden_state"] = True
-        if self.aux_layer_ids is not None:
-            ec["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
-        if self.norm_before_fc:
-            ec["norm_before_fc"] = True
-        d["eagle_config"] = ec
-        return d
-
-    # -- derived ---------------------------------------------------------------------------------------------
-
-    def capture_points(self, target_num_layers: int) -> list[int]:
-        """SGLang's ``layers_to_capture`` (capture at the input of layer c) for a target of that depth."""
-        ids = self.aux_layer_ids
-        if ids is None:
-            return [2, target_num_layers // 2, target_num_layers - 3]
-        return [i + 1 for i in ids] if ids[0] == 1 else list(ids)
-
-    def resolve_target_layer_ids(self, target_num_layers: int) -> list[int]:
-        """The captured features as layer-output ids l (HF ``hidden_states[l + 1]``; -1 = the embeddings)."""
-        return [c - 1 for c in self.capture_points(target_num_layers)]
-
-    def rope(self) -> Rope:
-        if self.attention == GQA:
-            return Rope(
-                self.head_dim, self.rope_theta, self.rope_scaling, neox=True, max_position=self.max_position_embeddings
-            )
-        return Rope(
-            self.qk_rope_head_dim,
-            self.rope_theta,
-            self.rope_scaling,
-            neox=not self.rope_interleave,
-            deepseek=True,
-            max_position=self.max_position_embeddings,
-        )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Module
-# ---------------------------------------------------------------------------------------------------------------
+from ..configs import DrafterConfigError, GQA, Eagle3Config, yarn_get_mscale
+from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
+from .loop import DraftContext
 
 
 class Eagle3GQAAttention(nn.Module):
@@ -283,7 +52,7 @@ class Eagle3GQAAttention(nn.Module):
         self.k_proj = nn.Linear(2 * h, self.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, self.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
-        self.rope = cfg.rope()
+        self.rope = rope_for(cfg)
         self.scale = hd**-0.5
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -314,11 +83,9 @@ class Eagle3MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora, cfg.rms_norm_eps)
         self.kv_b_proj = nn.Linear(self.kv_lora, self.num_heads * (self.nope + self.vdim), bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.vdim, h, bias=False)
-        self.rope = cfg.rope()
+        self.rope = rope_for(cfg)
         scale = (self.nope + self.rope_dim) ** -0.5
         if cfg.rope_scaling is not None:  # SGLang compute_mla_mscale_scaling: times get_mscale(f, mscale_all_dim)^2
-            from .dflash import yarn_get_mscale
-
             m = yarn_get_mscale(float(cfg.rope_scaling["factor"]), float(cfg.rope_scaling.get("mscale_all_dim", 0)))
             scale *= m * m
         self.scale = scale

@@ -1,0 +1,1 @@
+"""Test machinery shared by the unit, statistical and end-to-end tests (never shipped in the package)."""
