@@ -10,8 +10,8 @@ Sections (``--sections``):
   measured copy bandwidth, the ratio to the torch twin, and to SGLang's Triton MLA *decode* kernel run on the same
   work as B*N independent decode queries (what verify costs without a tree kernel: the prefix read N times).
 - ``ddtree``: batched DDTree build, bs 64, budget 64, depth 7, Kimi vocab: ranking (top-K) and the build kernel,
-  against ``speculators.trees.build_ddtree`` (vectorised torch) and the per-request heap baseline
-  (``kernels.ddtree_build.ddtree_build_ref``, what a CPU heap per request costs, device copy included).
+  against ``speculators.ddtree.build_ddtree`` (batched torch) and the per-request reference heap
+  (``speculators.reference.heap.ddtree_heap``: what a CPU heap per request costs, ranking and device copies included).
 - ``verify``: tree verification at Kimi vocab, greedy (from logits: argmax only at visited nodes) and sampled,
   against the torch twin (greedy: plus torch.argmax over every node).
 - ``moe``: SGLang's fused-MoE Triton kernel at verify M = batch x draft tokens with the plugin's table for this
@@ -230,38 +230,30 @@ def bench_attention(ctx):
 def bench_ddtree(ctx):
     torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
     from sglang_kimi.kernels import ddtree_build as dd
-    from sglang_kimi.speculators.trees import build_ddtree
+    from sglang_kimi.speculators.ddtree import build_ddtree, rank_draft_logits
+    from sglang_kimi.speculators.reference.heap import ddtree_heap
 
     batch, length, budget, vocab = (2, 3, 6, 50) if ctx["smoke"] else (64, 7, 64, KIMI_VOCAB)
     gen = torch.Generator().manual_seed(1)
     logits = (torch.randn(batch, length, vocab, generator=gen) * 3).to(device)
     root = torch.randint(vocab, (batch,), generator=gen).to(device)
-    lp, ids = dd.rank_draft_logits(logits, budget)
+    lp, ids = rank_draft_logits(logits, budget)
     same = torch.equal(dd.ddtree_build(root, lp, ids, budget).parents, build_ddtree(root, logits, budget).parents)
     case = f"B={batch} L={length} budget={budget} V={vocab}"
     row = {"section": "ddtree", "case": case, "same_tree": same}
     kernel_ms = timer(lambda: dd.ddtree_build(root, lp, ids, budget), [()])
     kernel_ms2 = timer(lambda: dd.ddtree_build(root, lp, ids, budget), [()])
-    rank_ms = timer(lambda: dd.rank_draft_logits(logits, budget), [()])
+    rank_ms = timer(lambda: rank_draft_logits(logits, budget), [()])
     torch_ms = timer(lambda: build_ddtree(root, logits, budget), [()])
     heap_timer = Timer(torch, device, 1, 3)
-    heap_ms = heap_timer(lambda: dd.ddtree_build_ref(root, lp, ids, budget), [()])
-    rows = [
-        {**row, "impl": "rank (log_softmax + top-K)", "ms": rank_ms},
+    heap_ms = heap_timer(lambda: ddtree_heap(root, logits, budget), [()])
+    return [
+        {**row, "impl": "rank (top-K of logits - log-sum-exp)", "ms": rank_ms},
         {**row, "impl": "build kernel", "ms": kernel_ms, "ms_again": kernel_ms2},
         {**row, "impl": "build_ddtree (torch, incl. ranking)", "ms": torch_ms, "x_vs_kernel": torch_ms / (kernel_ms + rank_ms)},
-        {**row, "impl": "heap twin, ranked input (incl. copy to host)", "ms": heap_ms, "x_vs_kernel": heap_ms / kernel_ms},
+        {**row, "impl": "reference heap per request (incl. ranking)", "ms": heap_ms,
+         "x_vs_kernel": heap_ms / (kernel_ms + rank_ms)},
     ]
-    try:  # the per-request heap baseline of bench_trees.py (ranks per request itself)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_trees import build_ddtree_heap
-    except ImportError as exc:
-        rows.append({**row, "impl": "bench_trees heap baseline", "note": f"unavailable: {exc}"})
-    else:
-        ms = heap_timer(lambda: build_ddtree_heap(root, logits, budget), [()])
-        rows.append({**row, "impl": "bench_trees heap baseline (incl. ranking)", "ms": ms,
-                     "x_vs_kernel": ms / (kernel_ms + rank_ms)})
-    return rows
 
 
 def _random_tree(torch, device, batch, nodes, vocab, gen):

@@ -1,4 +1,5 @@
-"""Benchmark: batched ``build_ddtree`` against a per-request heap (liranringel/ddtree's algorithm, algorithms.md 2.1).
+"""Benchmark: the batched DDTree build (``speculators/ddtree.py``) against the reference per-request heap
+(``speculators/reference/heap.py``: each request ranked alone, then a Python heapq best-first loop).
 
 For every batch size B and node budget: median wall time per call of both builders on the same random
 draft logits [B, L, V] (Kimi: L = 7 drafted positions of a DFlash block of 8, V = 163840), the speedup
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import heapq
 import json
 import os
 import pathlib
@@ -21,37 +21,11 @@ import statistics
 import time
 
 import torch
-from sglang_kimi.speculators.trees import NO_PARENT, DraftTree, build_ddtree
+from sglang_kimi.speculators.ddtree import build_ddtree
+from sglang_kimi.speculators.reference.heap import ddtree_heap
+from sglang_kimi.speculators.trees import DraftTree
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "bench_trees.json"
-
-
-def build_ddtree_heap(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) -> DraftTree:
-    """Baseline: per request, top-K log-probs per position, then a Python heapq best-first loop."""
-    batch, length, vocab = draft_logits.shape
-    k = min(budget, vocab)
-    rows = []
-    for b in range(batch):
-        top_lp, top_ids = torch.log_softmax(draft_logits[b].float(), dim=-1).topk(k, dim=-1)  # [L, K]
-        lp, ids = top_lp.tolist(), top_ids.tolist()
-        tokens, parents, depths, scores = [int(root[b])], [NO_PARENT], [0], [0.0]
-        heap = [(-lp[0][0], 1, 0, 0)]  # (-score, depth, parent node, rank)
-        while heap and len(tokens) <= budget:
-            neg_score, depth, parent, rank = heapq.heappop(heap)
-            node = len(tokens)
-            tokens.append(ids[depth - 1][rank])
-            parents.append(parent)
-            depths.append(depth)
-            scores.append(-neg_score)
-            if rank + 1 < k:
-                heapq.heappush(heap, (-(scores[parent] + lp[depth - 1][rank + 1]), depth, parent, rank + 1))
-            if depth < length:
-                heapq.heappush(heap, (-(scores[node] + lp[depth][0]), depth + 1, node, 0))
-        rows.append((tokens, parents, depths))
-    device = draft_logits.device
-    tokens, parents, depths = (torch.tensor([r[i] for r in rows], device=device) for i in range(3))
-    num_nodes = torch.full((batch,), tokens.shape[1], device=device)
-    return DraftTree(tokens, parents, depths, num_nodes, max_depth=min(length, budget))
 
 
 def median_seconds(fns, repeats: int, device: torch.device) -> list[float]:
@@ -72,8 +46,8 @@ def median_seconds(fns, repeats: int, device: torch.device) -> list[float]:
 
 
 def same_tree(a: DraftTree, b: DraftTree) -> bool:
-    """Node sets and parent links equal. Float sums in a different order may swap near-tied nodes, so compare
-    the sets of (token path) per request rather than node order."""
+    """The same set of token paths per request (node order too, when the builds agree exactly: they sum the same
+    float32 scores in the same order, so they should)."""
 
     def paths(tree: DraftTree) -> list[set[tuple[int, ...]]]:
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
@@ -123,12 +97,12 @@ def main() -> None:
                 batched, heap = median_seconds(
                     [
                         functools.partial(build_ddtree, root, logits, budget),
-                        functools.partial(build_ddtree_heap, root, logits, budget),
+                        functools.partial(ddtree_heap, root, logits, budget),
                     ],
                     repeats,
                     device,
                 )
-                same = same_tree(build_ddtree(root, logits, budget), build_ddtree_heap(root, logits, budget))
+                same = same_tree(build_ddtree(root, logits, budget), ddtree_heap(root, logits, budget))
                 rows.append(
                     {
                         "device": device_name,
@@ -145,7 +119,7 @@ def main() -> None:
                     f"{heap / batched:>7.2f}x {same!s:>5}"
                 )
     report = {
-        "benchmark": "build_ddtree batched vs per-request heap",
+        "benchmark": "DDTree: batched build vs reference per-request heap",
         "length": args.length,
         "vocab": args.vocab,
         "repeats": repeats,

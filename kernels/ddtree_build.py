@@ -1,12 +1,13 @@
-"""Batched DDTree construction on the device: one Triton program per request, plus a per-request heap twin.
+"""Batched DDTree construction on the device: one Triton program per request.
 
-DDTree (Ringel & Romano; ``speculators.trees.build_ddtree``): from one block of draft logits, the tree of the
-``budget`` highest-scoring prefixes, where a prefix (t_1..t_d) scores ``sum_d log q_d(t_d)`` (float32, accumulated
-parent score + log-prob, exactly as ``build_ddtree``). Input here is what ``build_ddtree`` ranks first, per depth
-the K = min(budget, V) best tokens: ``topk_lp [B, L, K]`` (log-probs, descending; ties by lower vocab id) and
-``topk_ids [B, L, K]`` (:func:`rank_draft_logits` makes them with ``speculators.trees.topk_lowest_index_ties``).
+The algorithm is ``speculators/ddtree.py`` (derivation in ``docs/ddtree.md``); its torch build
+``build_ddtree_ranked`` is this kernel's twin: the same tree, node for node. From one block of draft logits, the tree
+of the ``budget`` highest-scoring prefixes, where a prefix (t_1..t_d) scores ``sum_d log q_d(t_d)`` (float32,
+accumulated parent score + log-prob). Input is what ``speculators.ddtree.rank_draft_logits`` makes, per depth the
+K = min(budget, V) best tokens: ``topk_lp [B, L, K]`` (log-probs, descending; ties by lower vocab id) and
+``topk_ids [B, L, K]``.
 
-Best-first order (the pop order of liranringel/ddtree's heap): key (-score, depth, parent node, rank). Lazy
+Best-first order (the pop order of a per-request heap): key (-score, depth, parent node, rank). Lazy
 enumeration: the frontier starts with (depth 1, rank 0); popping entry (d, parent, r) creates node n and pushes
 its next sibling (d, parent, r+1) and its first child (d+1, n, 0). Both have keys >= the popped key (log-probs are
 <= 0 and ranked, float32 addition is monotone), so the pops come out in global key order and the first ``budget``
@@ -27,9 +28,6 @@ Per request: ``budget`` steps of O(F) vector work and 2-3 scalar loads; no host 
 
 from __future__ import annotations
 
-import heapq
-
-import numpy as np
 import torch
 
 try:
@@ -37,75 +35,6 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover
     triton = None
-
-NO_PARENT = -1
-
-
-def rank_draft_logits(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """draft_logits [B, L, V] -> (topk_lp [B, L, K] float32, topk_ids [B, L, K] int64), K = min(budget, V):
-    log_softmax in float32, ranked by log-prob descending then vocab id ascending (as ``build_ddtree``)."""
-    from sglang_kimi.speculators.trees import topk_lowest_index_ties
-
-    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
-    return topk_lowest_index_ties(log_probs, min(budget, draft_logits.shape[-1]))
-
-
-def num_tree_nodes(length: int, k: int, budget: int) -> int:
-    """Non-root nodes the tree gets: ``budget``, or fewer when there are fewer prefixes of depth <= min(L, budget)
-    (e.g. L=2, K=2, budget=10: 2 + 4 = 6)."""
-    total, width = 0, 1
-    for _ in range(min(length, budget)):
-        width = min(budget, width * k)
-        total += width
-        if total >= budget:
-            return budget
-    return min(total, budget)
-
-
-def ddtree_build_ref(
-    root: torch.Tensor,  # [B] int
-    topk_lp: torch.Tensor,  # [B, L, K] float32, ranked
-    topk_ids: torch.Tensor,  # [B, L, K] int
-    budget: int,
-):
-    """Per-request heap (Python ``heapq``, float32 score arithmetic): the oracle of :func:`ddtree_build` and the
-    per-request baseline it is benchmarked against. Returns a ``speculators.trees.DraftTree``."""
-    from sglang_kimi.speculators.trees import DraftTree
-
-    B, L, K = topk_lp.shape
-    n = num_tree_nodes(L, K, budget)
-    lp = topk_lp.detach().to("cpu", torch.float32).numpy()
-    ids = topk_ids.detach().to("cpu", torch.int64).numpy()
-    tokens = np.zeros((B, n + 1), np.int64)
-    parents = np.full((B, n + 1), NO_PARENT, np.int64)
-    depths = np.zeros((B, n + 1), np.int64)
-    tokens[:, 0] = root.detach().cpu().numpy()
-    for b in range(B):
-        node_score = np.zeros(n + 1, np.float32)  # the root scores 0
-        # entry: (-score, depth, parent node, rank, score); score is np.float32, so sums round as in float32
-        heap = [(-lp[b, 0, 0], 1, 0, 0, lp[b, 0, 0])]
-        for node in range(1, n + 1):
-            _, depth, parent, rank, score = heapq.heappop(heap)
-            tokens[b, node] = ids[b, depth - 1, rank]
-            parents[b, node] = parent
-            depths[b, node] = depth
-            node_score[node] = score
-            if rank + 1 < K:
-                sib = np.float32(node_score[parent] + lp[b, depth - 1, rank + 1])
-                heapq.heappush(heap, (-sib, depth, parent, rank + 1, sib))
-            if depth < L:
-                child = np.float32(score + lp[b, depth, 0])
-                heapq.heappush(heap, (-child, depth + 1, node, 0, child))
-    device = root.device
-    t = torch.from_numpy(tokens).to(device)
-    return DraftTree(
-        tokens=t,
-        parents=torch.from_numpy(parents).to(device),
-        depths=torch.from_numpy(depths).to(device),
-        num_nodes=torch.full((B,), n + 1, dtype=torch.long, device=device),
-        max_depth=min(L, budget),
-    )
-
 
 if triton is not None:
 
@@ -183,17 +112,18 @@ if triton is not None:
 
 def ddtree_build(
     root: torch.Tensor,  # [B] int
-    topk_lp: torch.Tensor,  # [B, L, K] float32, ranked (see rank_draft_logits)
+    topk_lp: torch.Tensor,  # [B, L, K] float32, ranked (speculators.ddtree.rank_draft_logits)
     topk_ids: torch.Tensor,  # [B, L, K] int
     budget: int,
     *,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (tokens, parents, depths) [B, N] int64
 ):
     """Best-first DDTree for every request at once on the device; the same tree, node for node, as
-    ``speculators.trees.build_ddtree`` and :func:`ddtree_build_ref`. Returns a ``speculators.trees.DraftTree``
+    ``speculators.ddtree.build_ddtree_ranked``. Returns a ``speculators.trees.DraftTree``
     with ``N = 1 + min(budget, prefixes)`` slots (all real), written into ``out`` when given (static buffers, e.g.
-    for CUDA graphs; N from :func:`num_tree_nodes`)."""
+    for CUDA graphs; N from ``speculators.ddtree.num_tree_nodes``)."""
     from sglang_kimi.kernels.interpret import launch
+    from sglang_kimi.speculators.ddtree import num_tree_nodes
     from sglang_kimi.speculators.trees import DraftTree
 
     B, L, K = topk_lp.shape
@@ -240,9 +170,3 @@ def ddtree_build(
         num_nodes=torch.full((B,), n + 1, dtype=torch.long, device=device),
         max_depth=min(L, budget),
     )
-
-
-def ddtree_build_from_logits(root: torch.Tensor, draft_logits: torch.Tensor, budget: int):
-    """Convenience: :func:`rank_draft_logits` then :func:`ddtree_build` (drop-in for ``build_ddtree``)."""
-    topk_lp, topk_ids = rank_draft_logits(draft_logits, budget)
-    return ddtree_build(root, topk_lp, topk_ids, budget)

@@ -94,7 +94,9 @@ def recorded_launches() -> list[Launch]:
             uniform_samples_for_final_sampling=torch.rand(2),
         )
         current.update(name="ddtree_build (budget 64, depth 7)", dtypes={})
-        lp, ids = dd.rank_draft_logits(torch.randn(2, 7, 500), 64)
+        from sglang_kimi.speculators.ddtree import rank_draft_logits
+
+        lp, ids = rank_draft_logits(torch.randn(2, 7, 500), 64)
         dd.ddtree_build(torch.tensor([1, 2]), lp, ids, 64)
     finally:
         interpret.launch = saved

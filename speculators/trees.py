@@ -19,9 +19,10 @@ Worked example (B=1, N=5, one padding slot)::
       c 1 1 0 1 0
     pad 0 0 0 0 1
 
-Builders: :func:`build_chain` (DFlash blocks, EAGLE topk=1), :func:`build_ddtree` (DDTree best-first over one
-block of per-position draft logits), :func:`draft_eagle_tree` / :func:`build_eagle_tree` (EAGLE-2/3 dynamic tree
-exactly as SGLang's ``draft_forward`` + ``organize_draft_results`` + ``build_tree_kernel_efficient``).
+Builders: :func:`build_chain` (DFlash blocks, EAGLE topk=1), :func:`draft_eagle_tree` / :func:`build_eagle_tree`
+(EAGLE-2/3 dynamic tree exactly as SGLang's ``draft_forward`` + ``organize_draft_results`` +
+``build_tree_kernel_efficient``); the DDTree build is :mod:`.ddtree`. :meth:`DraftTree.from_retrieve` reads SGLang's
+retrieve arrays back into a tree (the one conversion from SGLang's layout).
 Pure PyTorch and batched on the tensors' device: no Python loop over requests.
 """
 
@@ -194,87 +195,8 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     return top, idx.gather(-1, by_value)
 
 
-def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) -> DraftTree:
-    """DDTree: the ``budget`` best prefixes of one block of per-position draft logits, as a tree.
-
-    root [B]; draft_logits [B, L, V]: logits of draft positions 1..L (one DFlash pass). A prefix
-    (t_1..t_d) scores ``sum_d log_softmax(draft_logits[:, d-1])[t_d]`` (product of per-position marginals).
-    ``budget`` counts non-root nodes: the tree has ``N = 1 + min(budget, number of prefixes)`` slots, all real.
-
-    Order (fully deterministic): per position, tokens are ranked by log-prob descending, then vocab id ascending
-    (rank r = the r-th best token). Prefixes are ordered by score descending, then depth ascending, then the
-    parent's place in this same order, then the rank of the last token. A prefix scores at least as much as its
-    extensions and sits at a smaller depth, so it comes first: the best ``budget`` prefixes are prefix-closed,
-    and node i of the tree is the i-th best prefix: the pop order of the best-first heap of liranringel/ddtree
-    (``build_ddtree_tree``, one heap per request) when its entries are keyed (-score, depth, parent node, rank).
-
-    Vectorised over the batch with O(L) tensor ops: the best ``budget`` prefixes of depth d are extensions of the
-    best ``budget`` prefixes of depth d-1 (each better depth-(d-1) prefix has a better rank-0 extension), so a
-    per-depth beam of width ``budget`` holds every selected node; one more top-``budget`` merges the depths.
-
-    Example: L=2, V=3, budget=3, per-position probabilities q1 = [.6, .3, .1], q2 = [.7, .2, .1] (tokens 0..2).
-    Prefixes by score: (0) .6, (0,0) .42, (1) .3, (1,0) .21, (0,1) .12, ... The best three give
-    tokens [[r, 0, 0, 1]], parents [[-1, 0, 1, 0]], depths [[0, 1, 2, 1]].
-    """
-    batch, length, vocab = draft_logits.shape
-    if budget < 1 or length < 1:
-        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
-    log_probs = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)  # [B, L, V]
-    ranked_lp, ranked_ids = topk_lowest_index_ties(log_probs, min(budget, vocab))  # [B, L, K]: r-th best token
-    return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)
 
 
-def build_ddtree_ranked(
-    root: torch.Tensor, ranked_lp: torch.Tensor, ranked_ids: torch.Tensor, budget: int
-) -> DraftTree:
-    """:func:`build_ddtree` from each position's best K tokens, already ranked.
-
-    root [B]; ranked_lp [B, L, K] float32 log-probs (full-vocabulary log_softmax) and ranked_ids [B, L, K], rank r
-    = the r-th best token (log-prob descending, then vocab id ascending), K = min(budget, V). Only these K per
-    position can enter a tree of ``budget`` nodes, so a tensor-parallel caller ranks each vocabulary shard and
-    merges, without gathering the full vocabulary.
-    """
-    batch, length, k = ranked_lp.shape
-    if budget < 1 or length < 1:
-        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
-    device = ranked_lp.device
-
-    # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank): ties to lower index.
-    beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]
-    beam_parent = [torch.full((batch, k), NO_PARENT, dtype=torch.long, device=device)]  # position in beam d-1
-    beam_rank = [torch.arange(k, device=device).expand(batch, k)]
-    for d in range(1, min(length, budget)):
-        width = beam_scores[-1].shape[1]
-        extend = beam_scores[-1][:, :, None] + ranked_lp[:, d, None, :]  # [B, W, K], flat = parent_pos * K + rank
-        top_scores, top_flat = topk_lowest_index_ties(extend.flatten(1), min(budget, width * k))  # [B, W_d]
-        beam_scores.append(top_scores)
-        beam_parent.append(top_flat // k)
-        beam_rank.append(top_flat % k)
-
-    # Merge depths: depth-major concatenation, ties to lower index = (score desc, depth asc, beam position asc).
-    widths = [s.shape[1] for s in beam_scores]
-    offsets = [sum(widths[:d]) for d in range(len(widths))]
-    scores = torch.cat(beam_scores, dim=1)  # [B, M]
-    flat_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])  # [M]
-    # flat index of each entry's parent (NO_PARENT for depth 1) and its token
-    flat_parent = torch.cat(
-        [beam_parent[0]] + [beam_parent[d] + offsets[d - 1] for d in range(1, len(widths))], dim=1
-    )  # [B, M]
-    flat_token = torch.cat([ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1)  # [B, M]
-    num = min(budget, scores.shape[1])
-    order = topk_lowest_index_ties(scores, num)[1]  # [B, n]: node i+1 = entry order[:, i]
-
-    node_of_flat = torch.full_like(scores, NO_PARENT, dtype=torch.long)  # [B, M]
-    node_of_flat.scatter_(1, order, torch.arange(1, num + 1, device=device).expand(batch, num))
-    parent_flat = flat_parent.gather(1, order)  # [B, n]
-    parent_node = torch.where(
-        parent_flat >= 0, node_of_flat.gather(1, parent_flat.clamp(min=0)), 0
-    )  # prefix closure guarantees the parent was selected
-    tokens = torch.cat([root[:, None].long(), flat_token.gather(1, order)], dim=1)  # [B, n+1]
-    parents = torch.cat([torch.full((batch, 1), NO_PARENT, device=device, dtype=torch.long), parent_node], dim=1)
-    depths = torch.cat([torch.zeros((batch, 1), device=device, dtype=torch.long), flat_depth[order]], dim=1)
-    num_nodes = torch.full((batch,), num + 1, dtype=torch.long, device=device)
-    return DraftTree(tokens, parents, depths, num_nodes, max_depth=len(widths))
 
 
 # EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].

@@ -6,7 +6,7 @@ its draft forward and its draft-KV bookkeeping, and replaces the decode step:
 1. draft: the block ``[bonus, mask x (B-1)]`` through the DFlash drafter (non-causal, context = the drafter's KV of
    the committed tokens), then the target's LM head ranks each position's best K = budget tokens (tensor-parallel:
    each rank ranks its vocabulary shard; the shards' candidates and log-sum-exps are gathered);
-2. tree: DDTree (``speculators.trees.build_ddtree_ranked``; the Triton ``kernels.ddtree_build`` on a GPU) with
+2. tree: DDTree (``speculators.ddtree.build_ddtree_ranked``; the Triton ``kernels.ddtree_build`` on a GPU) with
    ``budget`` nodes below the root, padded to the N = budget + 1 slots of the verify window;
 3. verify: the target over the N nodes at positions ``prefix + depth`` with the ancestor mask (``DFlashVerifyInput``
    with a FULL_MASK custom mask); greedy or target-only sampled tree verification (``speculators.verify``);
@@ -37,9 +37,11 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from sglang_kimi.options import debug_greedy_verify, plugin_args
-from sglang_kimi.speculators.trees import DraftTree, build_ddtree_ranked, topk_lowest_index_ties
+from sglang_kimi.speculators.ddtree import build_ddtree_ranked, merge_shard_candidates, rank_draft_logits, shard_candidates
+from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import verify_greedy, verify_sampled
-from sglang_kimi.workers.tree_batch import full_tree_mask, path_first_order, verify_probs
+from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+from sglang_kimi.workers.tree_batch import full_tree_mask, verify_probs
 
 logger = logging.getLogger(__name__)
 
@@ -272,21 +274,12 @@ class DFlashTreeWorker(DFlashWorkerV2):
             logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
         k = min(self.tree_budget, vocab)
         if tp_size == 1:
-            return topk_lowest_index_ties(torch.log_softmax(logits, dim=-1), k)
-        # Local candidates (every rank has >= 1; a shard smaller than K offers all it has, padded with -inf).
-        local_k = min(k, local_size)
-        values, ids = topk_lowest_index_ties(logits, local_k)
-        if local_k < k:
-            pad = k - local_k
-            values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], dim=1)
-            ids = torch.cat([ids, ids.new_zeros((ids.shape[0], pad))], dim=1)
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [n, 1]
+            return rank_draft_logits(logits, k)
+        values, ids, lse = shard_candidates(logits, k, local_start)  # [n, K], [n, K], [n, 1]
         values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
-        ids = tensor_model_parallel_all_gather((ids + local_start).contiguous(), dim=-1)
-        lse = torch.logsumexp(tensor_model_parallel_all_gather(lse.contiguous(), dim=-1), dim=-1, keepdim=True)
-        # Shards hold increasing id ranges, so "lower position" is "lower id" among equal values.
-        best, pos = topk_lowest_index_ties(values, k)
-        return best - lse, ids.gather(1, pos)
+        ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
+        lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
+        return merge_shard_candidates(values, ids, lse, k)
 
     def _build_tree(self, root, ranked_lp, ranked_ids) -> DraftTree:
         if self._use_triton_ddtree:
@@ -294,34 +287,3 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
             return ddtree_build(root, ranked_lp, ranked_ids, self.tree_budget)
         return build_ddtree_ranked(root, ranked_lp, ranked_ids, self.tree_budget)
-
-
-def pad_tree(tree: DraftTree, num_slots: int) -> DraftTree:
-    """The tree with padding slots up to ``num_slots`` (a DDTree has fewer nodes than its budget only when the block
-    has fewer prefixes). A padding node's token is the root's (a valid id for the verify forward); its parent is
-    -1 and its depth 0, so it is nobody's child and sees only itself: it is never accepted."""
-    batch, slots = tree.tokens.shape
-    if slots == num_slots:
-        return tree
-    if slots > num_slots:
-        raise ValueError(f"a tree of {slots} slots does not fit a verify window of {num_slots}")
-    extra = num_slots - slots
-
-    def pad(x: torch.Tensor, value) -> torch.Tensor:
-        fill = value if isinstance(value, torch.Tensor) else x.new_full((batch, extra), value)
-        return torch.cat([x, fill], dim=1)
-
-    return DraftTree(
-        tokens=pad(tree.tokens, tree.tokens[:, :1].expand(batch, extra)),
-        parents=pad(tree.parents, -1),
-        depths=pad(tree.depths, 0),
-        num_nodes=tree.num_nodes,
-        max_depth=tree.max_depth,
-    )
-
-
-def gather_rows(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """rows [bs*N, C] -> rows reordered per request by order [bs, N] (row j of request b = its node order[b, j])."""
-    bs, n = order.shape
-    index = (order + torch.arange(bs, device=order.device)[:, None] * n).reshape(-1)
-    return rows.index_select(0, index)

@@ -2,9 +2,8 @@
 
 A tree verify runs the target once over every node of every request's tree (``TARGET_VERIFY``), with node i of
 request b at position ``prefix_lens[b] + depth[b, i]`` and its KV row written to the i-th slot of the request's
-verify window (``req_to_token[b, prefix : prefix + N]``). After verification the accepted path is moved to the
-front of the window, so that the committed tokens sit at consecutive positions exactly as after a chain verify:
-every consumer downstream (KV bookkeeping, log-probs, the drafter's context features) then sees a chain.
+verify window (``req_to_token[b, prefix : prefix + N]``); ``speculators/window.py`` commits the accepted path.
+Here: the attention mask in SGLang's FULL_MASK layout and the target distribution from SGLang's sampling state.
 """
 
 from __future__ import annotations
@@ -32,24 +31,6 @@ def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: list[int]) -> torch
         prefix = torch.ones((n, prefix_lens[b]), dtype=torch.bool, device=ancestor_mask.device)
         parts.append(torch.cat([prefix, ancestor_mask[b]], dim=1).reshape(-1))
     return torch.cat(parts)
-
-
-def path_first_order(accepted_nodes: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """The permutation of each request's N verify slots that puts the accepted path first.
-
-    accepted_nodes [B, D+1] int64: root (0), then the accepted nodes, then -1. Returns order [B, N]: the path's
-    nodes in path order, then every other node in node order; ``slots.gather(1, order)`` moves the path to the
-    front.
-
-    Example: N = 5, path [0, 3, 4]: order [0, 3, 4, 1, 2].
-    """
-    batch, width = accepted_nodes.shape
-    device = accepted_nodes.device
-    # key[b, i]: where node i goes: its place on the path, else after the path in node order.
-    key = (torch.arange(num_slots + 1, device=device) + width).repeat(batch, 1)  # [B, N+1]; column N absorbs -1s
-    on_path = accepted_nodes >= 0
-    key.scatter_(1, torch.where(on_path, accepted_nodes, num_slots), torch.arange(width, device=device).repeat(batch, 1))
-    return key[:, :num_slots].argsort(dim=1)
 
 
 def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:

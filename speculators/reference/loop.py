@@ -25,7 +25,8 @@ from typing import Protocol
 
 import torch
 
-from ..trees import DraftTree, build_chain, build_ddtree, draft_eagle_tree
+from ..trees import DraftTree, build_chain, draft_eagle_tree
+from ..ddtree import build_ddtree
 from ..verify import (
     TOP_K_ALL,
     VerifyResult,

@@ -25,7 +25,8 @@ IN_PROCESS = not interpreter_active()  # unit tests may have loaded Triton's int
 from sglang_kimi.kernels import ddtree_build as dd  # noqa: E402
 from sglang_kimi.kernels import tree_mla_attention as tm  # noqa: E402
 from sglang_kimi.kernels import tree_verify as tv  # noqa: E402
-from sglang_kimi.speculators.trees import DraftTree, build_ddtree  # noqa: E402
+from sglang_kimi.speculators.ddtree import build_ddtree, rank_draft_logits  # noqa: E402
+from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
 from sglang_kimi.speculators.verify import verify_greedy  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -165,7 +166,7 @@ def test_ddtree_build_kimi_block():
     logits = (torch.randn(64, 7, KIMI_VOCAB, generator=gen) * 3).to(DEV)
     root = torch.randint(KIMI_VOCAB, (64,), generator=gen).to(DEV)
     expected = build_ddtree(root, logits, 64)
-    lp, ids = dd.rank_draft_logits(logits, 64)
+    lp, ids = rank_draft_logits(logits, 64)
     out = tuple(torch.full((64, 65), -99, dtype=torch.long, device=DEV) for _ in range(3))
     got = dd.ddtree_build(root, lp, ids, 64, out=out)
     for f in ("tokens", "parents", "depths", "num_nodes"):

@@ -103,30 +103,6 @@ def ddtree_brute_force(root: int, logits: torch.Tensor, budget: int) -> tuple[li
     )
 
 
-def ddtree_heap(root: int, logits: torch.Tensor, budget: int) -> tuple[list[int], list[int], list[int]]:
-    """The liranringel/ddtree per-request heap (algorithms.md 2.1) with heap key (-score, depth, parent, rank)."""
-    lp = torch.log_softmax(logits.float(), dim=-1).numpy()
-    length, vocab = lp.shape
-    k = min(budget, vocab)
-    ranked = [order[:k] for order in _ranked(lp)]
-    tokens, parents, depths, scores = [root], [-1], [0], [np.float32(0)]
-    heap = [(-np.float32(lp[0, ranked[0][0]]), 1, 0, 0)]
-    while heap and len(tokens) <= budget:
-        neg_score, depth, parent, r = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(ranked[depth - 1][r])
-        parents.append(parent)
-        depths.append(depth)
-        scores.append(-neg_score)
-        if r + 1 < k:
-            sibling = np.float32(scores[parent] + lp[depth - 1, ranked[depth - 1][r + 1]])
-            heapq.heappush(heap, (-sibling, depth, parent, r + 1))
-        if depth < length:
-            child = np.float32(-neg_score + lp[depth, ranked[depth][0]])
-            heapq.heappush(heap, (-child, depth + 1, node, 0))
-    return tokens, parents, depths
-
-
 # --------------------------------------------------------------------------------------------------------------
 # SGLang's own code, compiled from the installed source file without importing the module (its imports pull
 # in CUDA-only packages). Functions decorated with @triton.jit run under the Triton interpreter on CPU.

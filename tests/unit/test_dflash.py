@@ -324,7 +324,7 @@ def test_compact_target_matches_hf_reference():
     import _drafter_common as common
     from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
     from support.targets import hf_target
-    from sglang_kimi.speculators.trees import build_ddtree
+    from sglang_kimi.speculators.ddtree import build_ddtree
 
     from sglang_kimi.models import tiny
 

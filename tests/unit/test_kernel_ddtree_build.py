@@ -1,5 +1,5 @@
-"""Batched DDTree build: the Triton kernel (CPU, Triton's interpreter) and the per-request heap twin build the
-same tree, node for node, as ``speculators.trees.build_ddtree``.
+"""Batched DDTree build: the Triton kernel (CPU, Triton's interpreter) builds the same tree, node for node, as its torch
+twin ``speculators.ddtree.build_ddtree_ranked`` and the reference heap.
 
 See ``kernels/interpret.py`` for why TRITON_INTERPRET is set around the first Triton import.
 """
@@ -18,7 +18,8 @@ with interpreter_imports():
     from sglang_kimi.kernels import ddtree_build as dd
 IN_PROCESS = interpreter_active()
 
-from sglang_kimi.speculators.trees import build_ddtree  # noqa: E402
+from sglang_kimi.speculators.ddtree import build_ddtree, build_ddtree_ranked, num_tree_nodes, rank_draft_logits  # noqa: E402
+from sglang_kimi.speculators.reference.heap import ddtree_heap  # noqa: E402
 
 FIELDS = ("tokens", "parents", "depths", "num_nodes")
 POISON = -99
@@ -60,28 +61,24 @@ def test_kernel_and_heap_equal_build_ddtree(batch, length, vocab, budget, kind):
     logits = logits_for(kind, (batch, length, vocab), gen)
     root = torch.randint(vocab, (batch,), generator=gen)
     expected = build_ddtree(root, logits, budget)
-    lp, ids = dd.rank_draft_logits(logits, budget)
-    assert_same_tree(dd.ddtree_build_ref(root, lp, ids, budget), expected)
-    n = dd.num_tree_nodes(length, lp.shape[-1], budget) + 1
+    lp, ids = rank_draft_logits(logits, budget)
+    assert_same_tree(build_ddtree_ranked(root, lp, ids, budget), expected)
+    assert_same_tree(ddtree_heap(root, logits, budget), expected)
+    n = num_tree_nodes(length, lp.shape[-1], budget) + 1
     out = tuple(torch.full((batch, n), POISON, dtype=torch.long) for _ in range(3))  # every slot must be written
     got = dd.ddtree_build(root, lp, ids, budget, out=out)
     assert got.tokens.data_ptr() == out[0].data_ptr()
     assert_same_tree(got, expected)
 
 
-def test_from_logits_and_worked_example():
+def test_worked_example():
     # the docstring example: q1 = [.6, .3, .1], q2 = [.7, .2, .1], budget 3
     logits = torch.log(torch.tensor([[[0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]]))
-    tree = dd.ddtree_build_from_logits(torch.tensor([9]), logits, 3)
+    lp, ids = rank_draft_logits(logits, 3)
+    tree = dd.ddtree_build(torch.tensor([9]), lp, ids, 3)
     assert tree.tokens.tolist() == [[9, 0, 0, 1]]
     assert tree.parents.tolist() == [[-1, 0, 1, 0]]
     assert tree.depths.tolist() == [[0, 1, 2, 1]]
-
-
-def test_num_tree_nodes():
-    assert dd.num_tree_nodes(2, 2, 10) == 6
-    assert dd.num_tree_nodes(7, 64, 64) == 64
-    assert dd.num_tree_nodes(3, 1, 10) == 3  # a chain
 
 
 def test_bad_arguments():

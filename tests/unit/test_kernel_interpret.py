@@ -29,10 +29,11 @@ def test_interpreter_imports_first_then_sglang_and_cpu_launch():
         from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
         with interpreter_imports():
             from sglang_kimi.kernels import ddtree_build as dd
+        from sglang_kimi.speculators.ddtree import rank_draft_logits
         assert interpreter_active()
         assert "TRITON_INTERPRET" not in os.environ, "the variable must not leak to later subprocesses"
         import sglang.srt.plugins.hook_registry  # SGLang still imports afterwards
-        lp, ids = dd.rank_draft_logits(torch.randn(2, 3, 10), 5)
+        lp, ids = rank_draft_logits(torch.randn(2, 3, 10), 5)
         tree = dd.ddtree_build(torch.tensor([1, 2]), lp, ids, 5)
         assert tree.tokens.shape == (2, 6)
         print("ok")
@@ -48,8 +49,9 @@ def test_triton_imported_first_without_interpreter_gives_a_clear_error():
         from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
         with interpreter_imports():
             from sglang_kimi.kernels import ddtree_build as dd
+        from sglang_kimi.speculators.ddtree import rank_draft_logits
         assert not interpreter_active()
-        lp, ids = dd.rank_draft_logits(torch.randn(1, 2, 4), 3)
+        lp, ids = rank_draft_logits(torch.randn(1, 2, 4), 3)
         try:
             dd.ddtree_build(torch.tensor([0]), lp, ids, 3)
         except RuntimeError as exc:

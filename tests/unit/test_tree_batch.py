@@ -1,12 +1,12 @@
-"""SGLang-convention tensors for tree verify: the FULL_MASK layout, the path-first permutation, verify probs."""
+"""SGLang-convention tensors for tree verify: the FULL_MASK layout and the verify distribution."""
 
 from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.speculators.trees import DraftTree, build_ddtree
-from sglang_kimi.speculators.verify import process_logits, verify_greedy
-from sglang_kimi.workers.tree_batch import SGLANG_TOP_K_ALL, full_tree_mask, path_first_order, verify_probs
+from sglang_kimi.speculators.trees import DraftTree
+from sglang_kimi.speculators.verify import process_logits
+from sglang_kimi.workers.tree_batch import SGLANG_TOP_K_ALL, full_tree_mask, verify_probs
 
 
 def _tree(parents: list[list[int]]) -> DraftTree:
@@ -28,34 +28,6 @@ def test_full_mask_layout_per_request():
     assert torch.equal(second[:, 3:], tree.ancestor_mask()[1])
     # node 3 of request 0 sees root, node 1 and itself, not its uncle 2
     assert first[3, 2:].tolist() == [True, True, False, True]
-
-
-def test_path_first_order_puts_the_accepted_path_in_front():
-    accepted = torch.tensor([[0, 3, 4, -1], [0, -1, -1, -1], [0, 1, 2, 5]])
-    order = path_first_order(accepted, 6)
-    assert order.tolist() == [[0, 3, 4, 1, 2, 5], [0, 1, 2, 3, 4, 5], [0, 1, 2, 5, 3, 4]]
-    assert all(sorted(row) == list(range(6)) for row in order.tolist())
-
-
-def test_committed_tokens_follow_the_permuted_window():
-    """After verify, the permuted slots hold the path's nodes at consecutive positions: position prefix + j holds
-    a node of depth j, and the out tokens are the path tokens then the bonus."""
-    gen = torch.Generator().manual_seed(3)
-    root = torch.tensor([1, 2, 3])
-    tree = build_ddtree(root, torch.randn(3, 4, 12, generator=gen), budget=9)
-    logits = torch.randn(3, tree.num_slots, 12, generator=gen)
-    # make the target follow some drafted children so paths are longer than the root
-    for b in range(3):
-        logits[b, 0, tree.tokens[b, 1]] += 50
-    result = verify_greedy(tree, logits)
-    order = path_first_order(result.accepted_nodes, tree.num_slots)
-    depths = tree.depths.gather(1, order)
-    for b in range(3):
-        k = int(result.num_accepted[b])
-        assert k >= 1
-        assert depths[b, : k + 1].tolist() == list(range(k + 1))
-        path_tokens = tree.tokens[b].gather(0, order[b, 1 : k + 1]).tolist()
-        assert path_tokens == result.output_tokens[b, :k].tolist()
 
 
 def test_verify_probs_expands_sampling_params_per_request():

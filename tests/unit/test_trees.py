@@ -8,7 +8,6 @@ import torch
 from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
     children_of,
     ddtree_brute_force,
-    ddtree_heap,
     path_to_root,
     random_tree,
     sglang_speculative,
@@ -17,17 +16,9 @@ from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_kimi.speculators.trees import (
-    NO_NODE,
-    NO_PARENT,
-    PAD_TOKEN_ID,
-    DraftTree,
-    build_chain,
-    build_ddtree,
-    build_eagle_tree,
-    draft_eagle_tree,
-    topk_lowest_index_ties,
-)
+from sglang_kimi.speculators.trees import NO_NODE, NO_PARENT, PAD_TOKEN_ID, DraftTree, build_chain, build_eagle_tree, draft_eagle_tree, topk_lowest_index_ties
+from sglang_kimi.speculators.ddtree import build_ddtree
+from sglang_kimi.speculators.reference.heap import ddtree_heap
 from sglang_kimi.speculators.verify import verify_greedy
 
 FAST = settings(max_examples=40, deadline=None)
@@ -159,9 +150,10 @@ def test_ddtree_equals_heap_at_scale(rounding: torch.dtype) -> None:
     root = torch.tensor([1, 2, 3, 4])
     tree = build_ddtree(root, logits, 64)
     check_tree(tree)
-    for b in range(4):
-        got = tuple(x[b].tolist() for x in (tree.tokens, tree.parents, tree.depths))
-        assert got == ddtree_heap(int(root[b]), logits[b], 64)
+    heap = ddtree_heap(root, logits, 64)
+    for field in ("tokens", "parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(tree, field), getattr(heap, field)), field
+    assert tree.max_depth == heap.max_depth
 
 
 def test_ddtree_docstring_example() -> None:

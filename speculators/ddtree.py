@@ -1,0 +1,177 @@
+"""DDTree: the best-first draft tree over one DFlash block, batched over requests.
+
+One DFlash pass gives per-position draft logits ``[B, L, V]`` (position d drafts the d-th token after the root).
+A prefix ``(t_1..t_d)`` scores ``sum_d log q_d(t_d)``, the log-probability of the prefix under the product of the
+per-position marginals; the tree is the ``budget`` best prefixes (prefix-closed, since a prefix outscores its
+extensions). Derivation, tie rules and why the per-depth beam is exact: ``docs/ddtree.md``.
+
+Three steps, each a pure function on tensors (no SGLang, no host synchronisation):
+
+1. :func:`rank_draft_logits`: each position's best K = min(budget, V) tokens, ranked (log-prob descending, then vocab
+   id ascending), as log-probs: a top-k of the *raw* logits minus the position's log-sum-exp (no full-vocabulary
+   ``log_softmax`` is materialised).
+2. Under tensor parallelism the LM head's vocabulary is sharded: :func:`shard_candidates` ranks one shard,
+   :func:`merge_shard_candidates` merges every shard's candidates and log-sum-exps into step 1's result, so no rank
+   gathers the full vocabulary.
+3. :func:`build_ddtree_ranked`: the tree from the ranked candidates (the Triton kernel ``kernels/ddtree_build.py``
+   builds the same tree node for node on a GPU). :func:`build_ddtree` is steps 1 and 3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .trees import NO_PARENT, DraftTree, topk_lowest_index_ties
+
+# On a CPU, rows are ranked a few at a time: the log-sum-exp's passes over a [rows, V] block then stay in cache
+# (a whole batch of Kimi rows, 64 x 7 x 163840 floats, does not). One call per batch on a GPU.
+CPU_RANK_BLOCK_ELEMENTS = 1 << 21
+
+
+def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's best ``k`` tokens as full-vocabulary log-probs.
+
+    draft_logits [..., V] -> (ranked_lp [..., k] float32, ranked_ids [..., k] int64), ranked by logit descending
+    then vocab id ascending. ``log_softmax`` is monotone in the logit, so this is the top-k of the log-probs:
+    ``ranked_lp = top_logit - logsumexp(row)``.
+    Example: logits [2, 0, 2], k=2 -> ids [0, 2], lp [2, 2] - log(2e^2 + 1).
+    """
+    logits = draft_logits.float()
+    vocab = logits.shape[-1]
+    k = min(k, vocab)
+    rows = logits.reshape(-1, vocab)  # [n, V]
+    block = max(1, CPU_RANK_BLOCK_ELEMENTS // vocab) if rows.device.type == "cpu" else max(1, rows.shape[0])
+    ranked = []
+    for part in rows.split(block):
+        top, ids = topk_lowest_index_ties(part, k)  # [rows, k]
+        ranked.append((top - torch.logsumexp(part, dim=-1, keepdim=True), ids))
+    shape = (*logits.shape[:-1], k)
+    return torch.cat([r[0] for r in ranked]).view(shape), torch.cat([r[1] for r in ranked]).view(shape)
+
+
+def shard_candidates(
+    logits: torch.Tensor, k: int, vocab_start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One vocabulary shard's candidates for :func:`merge_shard_candidates`.
+
+    logits [n, V_shard] (this shard's raw logits, global ids ``vocab_start ..``) -> (values [n, k] raw logits,
+    ids [n, k] global int64, lse [n, 1]). A shard smaller than ``k`` offers all it has, padded with -inf values
+    (never chosen while a real candidate remains: every shard together holds V >= k tokens).
+    """
+    logits = logits.float()
+    local_k = min(k, logits.shape[-1])
+    values, ids = topk_lowest_index_ties(logits, local_k)  # [n, local_k]
+    if local_k < k:
+        pad = k - local_k
+        values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], dim=1)
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), vocab_start)], dim=1)
+    return values, ids + vocab_start, torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def merge_shard_candidates(
+    values: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every shard's :func:`shard_candidates`, concatenated in shard order (increasing id ranges, as an all-gather
+    over tensor-parallel ranks lays them out), merged into :func:`rank_draft_logits` of the whole vocabulary.
+
+    values [n, S*k], ids [n, S*k], lse [n, S] -> (ranked_lp [n, k], ranked_ids [n, k]). Among equal values the lower
+    position is the lower id (within a shard candidates are ordered by value then id; shards hold increasing ids),
+    so the positional tie rule is the id tie rule. The global log-sum-exp is the log-sum-exp of the shards'.
+    Example (S=2, k=2): shard 0 (ids 0..2) offers (3.0: 1, 1.0: 0), shard 1 (ids 3..5) (3.0: 4, 2.0: 3) -> ids [1, 4].
+    """
+    best, pos = topk_lowest_index_ties(values, k)  # [n, k]
+    return best - torch.logsumexp(lse, dim=-1, keepdim=True), ids.gather(1, pos)
+
+
+def num_tree_nodes(length: int, k: int, budget: int) -> int:
+    """Non-root nodes the tree gets: ``budget``, or fewer when there are fewer prefixes of depth <= min(L, budget)
+    (e.g. L=2, K=2, budget=10: 2 + 4 = 6)."""
+    total, width = 0, 1
+    for _ in range(min(length, budget)):
+        width = min(budget, width * k)
+        total += width
+        if total >= budget:
+            return budget
+    return min(total, budget)
+
+
+def build_ddtree(root: torch.Tensor, draft_logits: torch.Tensor, budget: int) -> DraftTree:
+    """DDTree: the ``budget`` best prefixes of one block of per-position draft logits, as a tree.
+
+    root [B]; draft_logits [B, L, V]: logits of draft positions 1..L (one DFlash pass). A prefix
+    (t_1..t_d) scores ``sum_d log_softmax(draft_logits[:, d-1])[t_d]`` (product of per-position marginals).
+    ``budget`` counts non-root nodes: the tree has ``N = 1 + min(budget, number of prefixes)`` slots, all real.
+
+    Order (fully deterministic): per position, tokens are ranked by log-prob descending, then vocab id ascending
+    (rank r = the r-th best token). Prefixes are ordered by score descending, then depth ascending, then the
+    parent's place in this same order, then the rank of the last token. A prefix scores at least as much as its
+    extensions and sits at a smaller depth, so it comes first: the best ``budget`` prefixes are prefix-closed,
+    and node i of the tree is the i-th best prefix: the pop order of a best-first heap per request whose entries
+    are keyed (-score, depth, parent node, rank) (``reference/heap.py``; derivation in ``docs/ddtree.md``).
+
+    Vectorised over the batch with O(L) tensor ops: the best ``budget`` prefixes of depth d are extensions of the
+    best ``budget`` prefixes of depth d-1 (each better depth-(d-1) prefix has a better rank-0 extension), so a
+    per-depth beam of width ``budget`` holds every selected node; one more top-``budget`` merges the depths.
+
+    Example: L=2, V=3, budget=3, per-position probabilities q1 = [.6, .3, .1], q2 = [.7, .2, .1] (tokens 0..2).
+    Prefixes by score: (0) .6, (0,0) .42, (1) .3, (1,0) .21, (0,1) .12, ... The best three give
+    tokens [[r, 0, 0, 1]], parents [[-1, 0, 1, 0]], depths [[0, 1, 2, 1]].
+    """
+    batch, length, vocab = draft_logits.shape
+    if budget < 1 or length < 1:
+        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
+    ranked_lp, ranked_ids = rank_draft_logits(draft_logits, min(budget, vocab))  # [B, L, K]: r-th best token
+    return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)
+
+
+def build_ddtree_ranked(
+    root: torch.Tensor, ranked_lp: torch.Tensor, ranked_ids: torch.Tensor, budget: int
+) -> DraftTree:
+    """:func:`build_ddtree` from each position's best K tokens, already ranked.
+
+    root [B]; ranked_lp [B, L, K] float32 log-probs over the full vocabulary and ranked_ids [B, L, K], rank r = the
+    r-th best token (log-prob descending, then vocab id ascending), K = min(budget, V): :func:`rank_draft_logits`, or
+    :func:`shard_candidates` + :func:`merge_shard_candidates` under tensor parallelism. Only these K per position
+    can enter a tree of ``budget`` nodes.
+    """
+    batch, length, k = ranked_lp.shape
+    if budget < 1 or length < 1:
+        raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
+    device = ranked_lp.device
+
+    # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank): ties to lower index.
+    beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]
+    beam_parent = [torch.full((batch, k), NO_PARENT, dtype=torch.long, device=device)]  # position in beam d-1
+    beam_rank = [torch.arange(k, device=device).expand(batch, k)]
+    for d in range(1, min(length, budget)):
+        width = beam_scores[-1].shape[1]
+        extend = beam_scores[-1][:, :, None] + ranked_lp[:, d, None, :]  # [B, W, K], flat = parent_pos * K + rank
+        top_scores, top_flat = topk_lowest_index_ties(extend.flatten(1), min(budget, width * k))  # [B, W_d]
+        beam_scores.append(top_scores)
+        beam_parent.append(top_flat // k)
+        beam_rank.append(top_flat % k)
+
+    # Merge depths: depth-major concatenation, ties to lower index = (score desc, depth asc, beam position asc).
+    widths = [s.shape[1] for s in beam_scores]
+    offsets = [sum(widths[:d]) for d in range(len(widths))]
+    scores = torch.cat(beam_scores, dim=1)  # [B, M]
+    flat_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])  # [M]
+    # flat index of each entry's parent (NO_PARENT for depth 1) and its token
+    flat_parent = torch.cat(
+        [beam_parent[0]] + [beam_parent[d] + offsets[d - 1] for d in range(1, len(widths))], dim=1
+    )  # [B, M]
+    flat_token = torch.cat([ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1)  # [B, M]
+    num = min(budget, scores.shape[1])
+    order = topk_lowest_index_ties(scores, num)[1]  # [B, n]: node i+1 = entry order[:, i]
+
+    node_of_flat = torch.full_like(scores, NO_PARENT, dtype=torch.long)  # [B, M]
+    node_of_flat.scatter_(1, order, torch.arange(1, num + 1, device=device).expand(batch, num))
+    parent_flat = flat_parent.gather(1, order)  # [B, n]
+    parent_node = torch.where(
+        parent_flat >= 0, node_of_flat.gather(1, parent_flat.clamp(min=0)), 0
+    )  # prefix closure guarantees the parent was selected
+    tokens = torch.cat([root[:, None].long(), flat_token.gather(1, order)], dim=1)  # [B, n+1]
+    parents = torch.cat([torch.full((batch, 1), NO_PARENT, device=device, dtype=torch.long), parent_node], dim=1)
+    depths = torch.cat([torch.zeros((batch, 1), device=device, dtype=torch.long), flat_depth[order]], dim=1)
+    num_nodes = torch.full((batch,), num + 1, dtype=torch.long, device=device)
+    return DraftTree(tokens, parents, depths, num_nodes, max_depth=len(widths))

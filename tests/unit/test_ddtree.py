@@ -1,0 +1,86 @@
+"""The DDTree's ranking and its tensor-parallel form: each position's best K tokens from raw logits, and the merge of
+vocabulary shards' candidates (simulated shards on CPU, ties across shards), giving the same tree."""
+
+import pytest
+import torch
+
+from sglang_kimi.speculators.ddtree import (
+    build_ddtree,
+    build_ddtree_ranked,
+    merge_shard_candidates,
+    num_tree_nodes,
+    rank_draft_logits,
+    shard_candidates,
+)
+
+
+def sharded_ranking(logits: torch.Tensor, k: int, bounds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the DFLASH tree worker computes at tensor parallelism len(bounds) - 1: each rank ranks its vocabulary
+    shard logits[:, bounds[r]:bounds[r + 1]], the all-gather concatenates the shards in rank order, one merge."""
+    parts = [shard_candidates(logits[:, lo:hi], k, lo) for lo, hi in zip(bounds, bounds[1:])]
+    values, ids, lse = (torch.cat([p[i] for p in parts], dim=-1) for i in range(3))
+    return merge_shard_candidates(values, ids, lse, k)
+
+
+def test_ranking_is_the_top_k_of_log_softmax():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 300, generator=gen) * 4
+    lp, ids = rank_draft_logits(logits, 16)
+    full = torch.log_softmax(logits, dim=-1)
+    ref_lp, ref_ids = full.topk(16, dim=-1)  # tie-free inputs: torch's order is the rule's order
+    assert torch.equal(ids, ref_ids)
+    # the same values up to float32 rounding of the log-sum-exp (other reduction order), ~1e-7 relative
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    assert lp.dtype == torch.float32 and ids.dtype == torch.int64
+
+
+def test_ranking_breaks_ties_by_lower_id():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0]])
+    lp, ids = rank_draft_logits(logits, 2)
+    assert ids.tolist() == [[1, 3]] and lp[0, 0] == lp[0, 1]
+
+
+@pytest.mark.parametrize(
+    "vocab,k,bounds",
+    [
+        (64, 8, [0, 16, 32, 48, 64]),  # even shards (TP 4)
+        (50, 8, [0, 13, 26, 38, 50]),  # SGLang pads the last shard; the plugin reads only the real rows
+        (30, 12, [0, 5, 30]),  # a shard smaller than K offers all it has
+        (20, 20, [0, 7, 14, 20]),  # K = V: every token ranked
+    ],
+)
+def test_shard_merge_equals_the_full_vocabulary_ranking(vocab, k, bounds):
+    gen = torch.Generator().manual_seed(vocab + k)
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    lp, ids = sharded_ranking(logits, k, bounds)
+    ref_lp, ref_ids = rank_draft_logits(logits, k)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)  # per-shard log-sum-exps, merged: float32 rounding
+
+
+def test_ties_across_shards_go_to_the_lower_id():
+    # equal logits in three shards straddle the cut of k = 3: ids 2 (shard 0), 5 and 7 (shard 1), 9 (shard 2)
+    logits = torch.full((1, 12), -5.0)
+    logits[0, [9, 7, 5, 2]] = 1.0
+    logits[0, 11] = 4.0
+    lp, ids = sharded_ranking(logits, 3, [0, 4, 8, 12])
+    assert ids.tolist() == [[11, 2, 5]]
+    assert ids.tolist() == rank_draft_logits(logits, 3)[1].tolist()
+
+
+def test_sharded_ranking_builds_the_same_tree():
+    gen = torch.Generator().manual_seed(7)
+    batch, length, vocab, budget = 3, 7, 96, 32
+    logits = torch.randn(batch, length, vocab, generator=gen) * 2
+    root = torch.randint(vocab, (batch,), generator=gen)
+    lp, ids = sharded_ranking(logits.view(-1, vocab), budget, [0, 24, 48, 72, 96])
+    tree = build_ddtree_ranked(root, lp.view(batch, length, -1), ids.view(batch, length, -1), budget)
+    expected = build_ddtree(root, logits, budget)
+    for field in ("tokens", "parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(tree, field), getattr(expected, field)), field
+
+
+def test_num_tree_nodes():
+    assert num_tree_nodes(2, 2, 10) == 6  # 2 prefixes of depth 1, 4 of depth 2
+    assert num_tree_nodes(7, 64, 64) == 64
+    assert num_tree_nodes(3, 1, 10) == 3  # a chain
