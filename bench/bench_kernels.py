@@ -270,6 +270,7 @@ def _random_tree(torch, device, batch, nodes, vocab, gen):
 def bench_verify(ctx):
     torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
     from sglang_kimi.kernels import tree_verify as tv
+    from sglang_kimi.speculators.verify import Coins, walk_tree
 
     shapes = [(2, 4, 40)] if ctx["smoke"] else [(64, 16, KIMI_VOCAB), (16, 64, KIMI_VOCAB)]
     rows = []
@@ -285,10 +286,11 @@ def bench_verify(ctx):
         block_v = 16 if ctx["smoke"] else None
         case = f"B={batch} N={nodes} V={vocab}"
         g_ms = timer(lambda: tv.tree_verify(*args, num_spec_tokens=spec, target_logits=logits, block_v=block_v), [()])
-        g_ref = timer(lambda: tv.tree_verify_ref(*args, num_spec_tokens=spec, target_logits=logits), [()])
+        g_ref = timer(lambda: walk_tree(tree, target_logits=logits), [()])
         s_kw = dict(num_spec_tokens=spec, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final)
         s_ms = timer(lambda: tv.tree_verify(*args, block_v=block_v, **s_kw), [()])
-        s_ref = timer(lambda: tv.tree_verify_ref(*args, **s_kw), [()])
+        twin_coins = Coins(coins, final[:, None].expand(batch, nodes))
+        s_ref = timer(lambda: walk_tree(tree, target_probs=probs, coins=twin_coins), [()])
         rows += [
             {"section": "verify", "case": case, "impl": "greedy kernel (logits)", "ms": g_ms},
             {"section": "verify", "case": case, "impl": "greedy torch twin (argmax all nodes)", "ms": g_ref, "x_vs_kernel": g_ref / g_ms},

@@ -1,11 +1,12 @@
-"""Triton kernels for Kimi speculative verify, each beside a torch ``*_ref`` twin (the CPU backend and test oracle),
-and the MoE / AITER tuning overrides.
+"""Triton kernels for Kimi speculative verify, each with a torch twin (the CPU path and test oracle), and the MoE /
+AITER tuning overrides.
 
 - ``tree_mla_attention``: tree-masked absorbed-MLA attention over the paged latent cache (split-KV prefix + tree
-  part merged by log-sum-exp); ``tree_mla_attention_ref``.
-- ``tree_verify``: greedy and target-only sampled tree verification, SGLang's output conventions;
-  ``tree_verify_ref``.
-- ``ddtree_build``: best-first DDTree construction, one program per request; ``ddtree_build_ref`` (per-request heap).
+  part merged by log-sum-exp); twin ``tree_mla_attention_ref`` (what the ``kimi_cpu`` backend runs).
+- ``tree_verify``: greedy and target-only sampled tree verification in SGLang's layout; the algorithm, its twin and
+  the entry point that launches it are ``speculators/verify.py``.
+- ``ddtree_build``: best-first DDTree construction, one program per request; the algorithm and its twin are
+  ``speculators/ddtree.py``.
 - ``moe_tuning``: fused-MoE Triton config tables for the verify shapes, the ``get_moe_configs`` hook,
   ``sglang-kimi tune moe``.
 - ``aiter_overrides``: AITER environment switches for the verify shape on ROCm.

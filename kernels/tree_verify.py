@@ -1,9 +1,11 @@
-"""Lossless tree verification over a batch: one Triton program per request, plus the torch twin.
+"""Lossless tree verification over a batch: one Triton program per request.
 
-Vocabulary (as in ``speculators/verify.py``): the walk starts at the root (node 0, the last committed token),
-**accepts** a root-to-node path of drafted children, then emits one **bonus** token sampled where it stopped.
+The rules and their torch twin are ``speculators/verify.py`` (``walk_tree``; derivation in ``docs/verification.md``):
+``speculators.verify.verify_tree`` launches this kernel on a GPU through :func:`verify_tree_on_device`. Vocabulary:
+the walk starts at the root (node 0, the last committed token), **accepts** a root-to-node path of drafted children,
+then emits one **bonus** token sampled where it stopped.
 
-Rules (``reference/algorithms.md`` section 4):
+Rules:
 
 - **greedy**: at node v, with t = argmax p(.|v), descend to the first child (in sibling order) whose token is t;
   if there is none, the bonus is t.
@@ -55,6 +57,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_kimi.speculators.trees import NO_NODE  # retrieve arrays' "none" and accept_index padding
+
 try:  # the CPU backend (the *_ref functions) must work without triton
     import triton
     import triton.language as tl
@@ -65,7 +69,6 @@ GREEDY_PREDICT = 0  # target is the argmax per node, int [B, N] (SGLang's target
 GREEDY_LOGITS = 1  # target is logits [B, N, V]; argmax computed at visited nodes only
 SAMPLED = 2  # target is probabilities [B, N, V]
 
-NO_NODE = -1  # retrieve_next_token / retrieve_next_sibling sentinel, and accept_index padding
 
 
 @dataclass
@@ -355,135 +358,22 @@ def tree_verify(
     return TreeVerifyOutput(predicts, accept_index, accept_token_num)
 
 
-def tree_verify_ref(
-    candidates: torch.Tensor,
-    retrieve_index: torch.Tensor,
-    retrieve_next_token: torch.Tensor,
-    retrieve_next_sibling: torch.Tensor,
-    *,
-    num_spec_tokens: int,
-    target_predict: torch.Tensor | None = None,
-    target_logits: torch.Tensor | None = None,
-    target_probs: torch.Tensor | None = None,
-    uniform_samples: torch.Tensor | None = None,
-    uniform_samples_for_final_sampling: torch.Tensor | None = None,
-    predicts: torch.Tensor | None = None,
-    accept_index: torch.Tensor | None = None,
-    accept_token_num: torch.Tensor | None = None,
-) -> TreeVerifyOutput:
-    """Torch twin of :func:`tree_verify`, vectorised over the batch (the walk advances all requests one depth at a
-    time; siblings are scanned one position at a time for all requests together)."""
-    mode, target = _mode_and_target(target_predict, target_logits, target_probs)
-    _check_inputs(candidates, mode, target, uniform_samples, uniform_samples_for_final_sampling, num_spec_tokens)
-    predicts, accept_index, accept_token_num = _outputs(
-        candidates, num_spec_tokens, predicts, accept_index, accept_token_num
+def verify_tree_on_device(tree, *, target_logits=None, target_probs=None, coins=None):
+    """``speculators.verify.verify_tree`` on a CUDA/ROCm device: the tree in SGLang's retrieve layout, one kernel
+    launch, the outputs read back into a ``VerifyResult``."""
+    from sglang_kimi.speculators.verify import VerifyResult
+
+    batch, n = tree.tokens.shape
+    retrieve_index = torch.arange(batch * n, device=tree.tokens.device).view(batch, n)
+    out = tree_verify(
+        tree.tokens.clamp(min=0),
+        retrieve_index,
+        tree.retrieve_next_token(),
+        tree.retrieve_next_sibling(),
+        num_spec_tokens=tree.max_depth + 1,
+        target_logits=target_logits,
+        target_probs=target_probs,
+        uniform_samples=None if coins is None else coins.uniform,
+        uniform_samples_for_final_sampling=None if coins is None else coins.final,
     )
-    B, N = candidates.shape
-    device = candidates.device
-    rows = torch.arange(B, device=device)
-    cand = candidates.long()
-    r_index = retrieve_index.long()
-    next_tok = retrieve_next_token.long()
-    next_sib = retrieve_next_sibling.long()
-    if mode == GREEDY_PREDICT:
-        argmax_per_node = target.long()  # [B, N]
-    elif mode == GREEDY_LOGITS:
-        argmax_per_node = target.float().argmax(dim=-1)  # [B, N]
-    else:
-        probs = target.float()  # [B, N, V]
-        V = probs.shape[-1]
-        coins = uniform_samples.float()
-
-    cur = torch.zeros(B, dtype=torch.long, device=device)  # local node being examined
-    last = r_index[:, 0].clone()  # global row of the last accepted node
-    num_acc = torch.zeros(B, dtype=torch.long, device=device)
-    active = torch.ones(B, dtype=torch.bool, device=device)
-    acc_idx = torch.full((B, num_spec_tokens), NO_NODE, dtype=torch.long, device=device)
-    acc_idx[:, 0] = last
-    pred_pos, pred_tok = [], []  # (global row, token) writes into predicts, in walk order
-    if mode == SAMPLED:
-        rejected = torch.zeros(B, V, dtype=torch.bool, device=device)  # rejected children (p > 0) at cur
-        last_rejected = torch.full((B,), -1, dtype=torch.long, device=device)
-
-    for _depth in range(num_spec_tokens - 1):
-        if not bool(active.any()):
-            break
-        child = torch.where(active, next_tok[rows, cur], torch.full_like(cur, -1))
-        found = torch.zeros(B, dtype=torch.bool, device=device)
-        new_cur = cur.clone()
-        if mode == SAMPLED:
-            coin = coins[rows, cur]
-            prob_acc = torch.zeros(B, dtype=torch.float32, device=device)
-            rejected = torch.where(active[:, None], torch.zeros_like(rejected), rejected)
-            last_rejected = torch.where(active, torch.full_like(last_rejected, -1), last_rejected)
-        else:
-            tgt = argmax_per_node[rows, cur]
-        for _sib in range(N):
-            scan = (child != -1) & ~found
-            if not bool(scan.any()):
-                break
-            safe_child = child.clamp(min=0)
-            tok = cand[rows, safe_child]
-            if mode == SAMPLED:
-                p = probs[rows, cur, tok]
-                p = torch.where(rejected[rows, tok], 0.0, p)  # a repeated sibling token counts once
-                prob_acc = torch.where(scan, prob_acc + p, prob_acc)  # float32, sibling order: as the kernel
-                ok = scan & (p > 0) & (coin < prob_acc)
-                rej = scan & ~ok & (p > 0)
-                rejected[rows[rej], tok[rej]] = True
-                last_rejected = torch.where(rej, tok, last_rejected)
-            else:
-                ok = scan & (tok == tgt)
-            found |= ok
-            new_cur = torch.where(ok, safe_child, new_cur)
-            child = torch.where(scan & ~ok, next_sib[rows, safe_child], child)
-            if bool(ok.any()):
-                pred_pos.append(last[ok])
-                pred_tok.append(tok[ok])
-                num_acc = num_acc + ok.long()
-                last = torch.where(ok, r_index[rows, safe_child], last)
-                acc_idx[rows[ok], num_acc[ok]] = last[ok]
-        cur = new_cur
-        active = active & found
-        if mode == SAMPLED:  # rows that moved to a child start there with nothing rejected
-            rejected[found] = False
-            last_rejected = torch.where(found, torch.full_like(last_rejected, -1), last_rejected)
-
-    if mode == SAMPLED:
-        residual = probs[rows, cur].masked_fill(rejected, 0.0)  # [B, V]
-        total = residual.sum(dim=-1)
-        final = uniform_samples_for_final_sampling.float()
-        u = (final if final.dim() == 1 else final[rows, cur]) * total
-        cdf = residual.cumsum(dim=-1)
-        ids = torch.arange(V, device=device)
-        hit = (cdf > u[:, None]) & (residual > 0)
-        first = torch.where(hit, ids, V).min(dim=-1).values
-        last_pos = torch.where(residual > 0, ids, -1).max(dim=-1).values
-        bonus = torch.where(first < V, first, last_pos)
-        bonus = torch.where(bonus >= 0, bonus, last_rejected.clamp(min=0))
-    else:
-        bonus = argmax_per_node[rows, cur]
-    pred_pos.append(last)
-    pred_tok.append(bonus)
-    for pos, tok in zip(pred_pos, pred_tok):
-        predicts[pos] = tok.to(predicts.dtype)
-    accept_index.copy_(acc_idx.to(accept_index.dtype))
-    accept_token_num.copy_(num_acc.to(accept_token_num.dtype))
-    return TreeVerifyOutput(predicts, accept_index, accept_token_num)
-
-
-def accepted_path(out: TreeVerifyOutput, retrieve_index: torch.Tensor) -> list[tuple[list[int], list[int]]]:
-    """Per request: (accepted local node ids from the root, output tokens = accepted drafts + bonus).
-
-    Maps accept_index (global rows) back to local node ids through retrieve_index. Host-side, for tests and logs.
-    """
-    B, N = retrieve_index.shape
-    result = []
-    for b in range(B):
-        local_of = {int(g): i for i, g in enumerate(retrieve_index[b].tolist())}
-        k = int(out.accept_token_num[b])
-        rows = out.accept_index[b, : k + 1].tolist()
-        nodes = [local_of[r] for r in rows]
-        tokens = [int(out.predicts[r]) for r in rows]
-        result.append((nodes, tokens))
-    return result
+    return VerifyResult.from_sglang(out.predicts, out.accept_index, out.accept_token_num, n)

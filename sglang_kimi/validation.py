@@ -87,10 +87,6 @@ def _check_tree_backend(cfg) -> None:
             f"DFLASH draft trees commit the accepted path by reordering KV slots, which needs --page-size 1 "
             f"(got {cfg.page_size})"
         )
-    if cfg.enable_deterministic_inference:
-        raise SpeculativeConfigError(
-            "DFLASH draft trees do not support --enable-deterministic-inference (per-request sampling seeds)"
-        )
 
 
 def _check_cpu_backend(cfg, algorithm: str) -> None:

@@ -67,11 +67,16 @@ class DraftTree:
 
     @classmethod
     def from_parents(
-        cls, tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor | None = None
+        cls,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        num_nodes: torch.Tensor | None = None,
+        max_depth: int | None = None,
     ) -> DraftTree:
         """Build a tree from tokens [B, N] and parents [B, N]; depths are derived.
 
         ``num_nodes [B]`` defaults to N (no padding). Padding slots are overwritten with the sentinels.
+        ``max_depth`` (a static bound on the depths) defaults to the deepest node, read from the device.
         Raises ValueError unless the root has ``NO_PARENT`` and every other real node's parent is a smaller index.
         Example: ``parents = [[-1, 0, 0, 1]]`` gives ``depths = [[0, 1, 1, 2]]``.
         """
@@ -92,7 +97,40 @@ class DraftTree:
         for i in range(1, n):  # parents precede children, so one left-to-right pass suffices
             parent_depth = depths.gather(1, parents[:, i : i + 1].clamp(min=0))[:, 0]
             depths[:, i] = torch.where(nonroot[:, i], parent_depth + 1, 0)
-        return cls(tokens, parents, depths, num_nodes.long(), int(depths.max()) if n > 0 else 0)
+        if max_depth is None:
+            max_depth = int(depths.max()) if n > 0 else 0
+        return cls(tokens, parents, depths, num_nodes.long(), max_depth)
+
+    @classmethod
+    def from_retrieve(
+        cls,
+        tokens: torch.Tensor,
+        next_token: torch.Tensor,
+        next_sibling: torch.Tensor,
+        max_depth: int,
+        num_nodes: torch.Tensor | None = None,
+    ) -> DraftTree:
+        """The tree SGLang describes by its retrieve arrays (the one conversion from SGLang's layout; the inverse of
+        :meth:`retrieve_next_token` / :meth:`retrieve_next_sibling`).
+
+        tokens [B, N] (node 0 = root), next_token [B, N] (first child or ``NO_NODE``), next_sibling [B, N] (next
+        sibling or ``NO_NODE``); every slot is a real node unless ``num_nodes`` [B] says fewer (padding last, linked
+        from nowhere). A node's first child and next sibling have larger
+        indices (SGLang's ``build_tree_kernel_efficient`` links them so), so one pass in index order finds every
+        parent. ``max_depth``: SGLang's speculative steps (the accept-index width minus one).
+
+        Example: next_token [[1, 3, -1, -1]], next_sibling [[-1, 2, -1, -1]] -> parents [[-1, 0, 0, 1]].
+        """
+        batch, n = tokens.shape
+        device = tokens.device
+        rows = torch.arange(batch, device=device)
+        parents = torch.full((batch, n), NO_PARENT, dtype=torch.long, device=device)
+        for i in range(n):
+            child, sibling = next_token[:, i].long(), next_sibling[:, i].long()  # [B]
+            has_child, has_sibling = child > i, sibling > i
+            parents[rows[has_child], child[has_child]] = i
+            parents[rows[has_sibling], sibling[has_sibling]] = parents[rows[has_sibling], i]
+        return cls.from_parents(tokens, parents, num_nodes, max_depth=max_depth)
 
     def ancestor_mask(self) -> torch.Tensor:
         """bool [B, N, N]: row i sees column j iff j is i or an ancestor of i (the root is everyone's ancestor).

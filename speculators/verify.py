@@ -5,22 +5,30 @@ token), the target **accepts** a root-to-node path of drafted tokens, then emits
 verification stopped; when a draft was rejected that bonus is also called the **recovered** token. Output tokens
 per step = accepted + 1.
 
-Rules (``reference/algorithms.md`` section 4), with p(.|v) the target distribution at node v after exactly the
+Rules (derived in ``docs/verification.md``), with p(.|v) the target distribution at node v after exactly the
 processing of the non-speculative sampler (:func:`process_logits`):
 
-- greedy (:func:`verify_greedy`): at node v, t = argmax p(.|v); descend to the first child (lowest index, SGLang's
-  sibling order) whose token is t, else t is the bonus.
-- sampled, deterministic proposals (:func:`verify_sampled`): at node v draw y ~ p(.|v); descend to the first child
-  whose token is y, else y is the bonus. Every emitted token is an exact sample of the target: lossless for any
-  tree (same law as SGLang's ``tree_speculative_sampling_target_only`` with thresholds 1).
+- greedy: at node v, t = argmax p(.|v) (lowest id among equal maxima); descend to the first child (lowest index,
+  SGLang's sibling order) whose token is t, else t is the bonus.
+- sampled, deterministic proposals (chains, DDTree, EAGLE trees): at node v draw y ~ p(.|v); descend if a child
+  carries y, else y is the bonus. Every emitted token is an exact sample of the target: lossless for any tree.
+  Drawn by inverse CDF from explicit coins (:class:`Coins`), exactly as SGLang's
+  ``tree_speculative_sampling_target_only`` with thresholds 1: with children c_1..c_m in sibling order and coin u,
+  accept c_i iff ``p(c_i) > 0`` and ``sum_{j<i} p(c_j) <= u < sum_{j<=i} p(c_j)`` (float32 sums in sibling order;
+  a child repeating an earlier sibling's token counts with probability 0); if none is accepted, the bonus is drawn
+  from p with the rejected children zeroed, by inverse CDF with the node's final coin; at a leaf from p itself.
 - stochastic chain (:func:`verify_chain_stochastic`, Leviathan et al.): accept x_i with probability
   min(1, p_i(x_i) / q_i(x_i)); at the first rejection the recovered token is drawn from norm(max(p_i - q_i, 0));
   if all L drafts are accepted the bonus is drawn from p_{L+1}.
+
+:func:`verify_tree` is the one entry point for trees and chains: the Triton kernel (``kernels/tree_verify.py``) on
+a GPU, the torch walk here elsewhere; both take the same decisions from the same coins. Coins come from torch's
+generator (:func:`random_coins`) or from each request's sampling seed (:func:`seeded_coins`), so a seeded request
+draws the same coins whatever else shares its batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +61,39 @@ class VerifyResult:
     def output_lists(self) -> list[list[int]]:
         """Per request, the tokens this step emits (``num_accepted + 1`` of them)."""
         return [row[: n + 1] for row, n in zip(self.output_tokens.tolist(), self.num_accepted.tolist())]
+
+    # SGLang's verify outputs (``eagle_utils``, ``tree_speculative_sampling_target_only``), for retrieve_index
+    # ``b * N + i``: ``accept_index [B, D+1]`` the global rows of the root and the accepted nodes (-1 after),
+    # ``accept_token_num [B]`` the accepted drafts, ``predicts [B*N]`` where ``predicts[accept_index[b, j]]`` is
+    # the j-th emitted token of request b. The conversions both ways live here and nowhere else.
+
+    @classmethod
+    def from_sglang(
+        cls, predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor, num_slots: int
+    ) -> VerifyResult:
+        batch, width = accept_index.shape
+        base = torch.arange(batch, device=accept_index.device)[:, None] * num_slots  # [B, 1]
+        index = accept_index.long()
+        accepted = torch.where(index >= 0, index - base, NO_NODE)  # [B, D+1] local nodes
+        num_accepted = accept_token_num.long()
+        emitted = torch.arange(width, device=index.device)[None, :] <= num_accepted[:, None]
+        output = torch.where(emitted, predicts.long()[index.clamp(min=0)], PAD_TOKEN_ID)  # [B, D+1]
+        bonus = output.gather(1, num_accepted[:, None])[:, 0]
+        return cls(accepted, num_accepted, bonus, output)
+
+    def to_sglang(
+        self, predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+    ) -> None:
+        """Write this result into SGLang's buffers (``predicts`` [B*N], ``accept_index`` [B, D+1],
+        ``accept_token_num`` [B]); entries of ``predicts`` off the path are left as they were."""
+        batch, width = self.accepted_nodes.shape
+        num_slots = predicts.shape[0] // batch
+        base = torch.arange(batch, device=predicts.device)[:, None] * num_slots
+        on_path = self.accepted_nodes != NO_NODE  # [B, D+1]
+        index = torch.where(on_path, self.accepted_nodes + base, -1)
+        accept_index.copy_(index.to(accept_index.dtype))
+        accept_token_num.copy_(self.num_accepted.to(accept_token_num.dtype))
+        predicts[index[on_path]] = self.output_tokens[on_path].to(predicts.dtype)
 
 
 def process_logits(
@@ -98,61 +139,175 @@ def process_logits(
     return torch.where(greedy[..., None], one_hot, probs)
 
 
+@dataclass
+class Coins:
+    """Uniform coins in [0, 1) for sampled verification of B trees of N slots.
+
+    ``uniform[b, i]`` chooses among node i's children; ``final[b, i]`` draws the bonus when the walk stops at node i.
+    """
+
+    uniform: torch.Tensor  # [B, N] float32
+    final: torch.Tensor  # [B, N] float32
+
+
+# The largest float32 below 1: coins are half-open, so a coin never walks past the last CDF bucket.
+MAX_COIN = 1.0 - 2.0**-24
+
+
+def random_coins(batch: int, num_nodes: int, device=None, generator: torch.Generator | None = None) -> Coins:
+    """Coins from torch's generator (the global one when ``generator`` is None)."""
+    draw = torch.rand((2, batch, num_nodes), generator=generator, device=device, dtype=torch.float32)
+    return Coins(draw[0].clamp_(max=MAX_COIN), draw[1].clamp_(max=MAX_COIN))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _as_int64(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (_as_int64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch shifts signed integers arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 bit patterns (multiplication wraps modulo 2^64)."""
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def seeded_coins(seeds: torch.Tensor, offsets: torch.Tensor, num_nodes: int) -> Coins:
+    """Coins that depend only on each request's seed and offset: seeds [B] int64 (the request's sampling seed),
+    offsets [B] int64 (its committed length: a fresh coin stream every step). Coin (b, column c) is the top 24 bits of
+    a 64-bit hash of (seed, offset, c): exactly representable in float32, uniform on {0, 2^-24, ..., 1 - 2^-24}."""
+    device = seeds.device
+    columns = torch.arange(2 * num_nodes, device=device, dtype=torch.int64)  # [2N]: uniform, then final
+    key = _mix64(seeds.long()[:, None] * _GOLDEN + offsets.long()[:, None]) + columns[None, :] * _GOLDEN  # [B, 2N]
+    coins = _shift_right(_mix64(key), 40).to(torch.float32) * 2.0**-24  # [B, 2N] in [0, 1)
+    return Coins(coins[:, :num_nodes].contiguous(), coins[:, num_nodes:].contiguous())
+
+
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of probs [B, V] (rows need not be normalised). Returns int64 [B]."""
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-def _walk(tree: DraftTree, draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> VerifyResult:
-    """Descend from the root while the token drawn at the current node is one of its children.
+def verify_tree(
+    tree: DraftTree,
+    *,
+    target_logits: torch.Tensor | None = None,
+    target_probs: torch.Tensor | None = None,
+    coins: Coins | None = None,
+) -> VerifyResult:
+    """Verify B trees (chains are trees) against the target: greedy from ``target_logits`` [B, N, V], or sampled
+    from ``target_probs`` [B, N, V] (:func:`process_logits`) with ``coins``. Row i of the target is its
+    distribution at node i (rows of padding slots are ignored). On a CUDA/ROCm device the Triton kernel runs, on
+    any other device the torch walk of :func:`walk_tree`: the same decisions from the same coins.
 
-    ``draw(rows [R], node [R]) -> token [R]`` gives the target's token at node ``node[r]`` of request ``rows[r]``;
-    it is called once per depth for the requests still descending.
+    Example: tree r -> {a (1), b (2)}, a -> c (3); greedy argmax per node = [b, ., y, .]: accept node 2, bonus y.
     """
-    batch, _ = tree.tokens.shape
+    if (target_logits is None) == (target_probs is None):
+        raise ValueError("pass exactly one of target_logits (greedy) and target_probs (sampled)")
+    target = target_logits if target_probs is None else target_probs
+    if target.dim() != 3 or tuple(target.shape[:2]) != tuple(tree.tokens.shape):
+        raise ValueError(f"target rows must be [{tree.batch_size}, {tree.num_slots}, V], got {list(target.shape)}")
+    if target_probs is not None and coins is None:
+        raise ValueError("sampled verification needs coins (random_coins or seeded_coins)")
+    if tree.tokens.is_cuda:
+        from ..kernels.tree_verify import verify_tree_on_device  # the kernel's layout and launch
+
+        return verify_tree_on_device(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+    return walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
+    """Greedy :func:`verify_tree`: follow the target's argmax through the tree."""
+    return verify_tree(tree, target_logits=target_logits)
+
+
+def verify_sampled(
+    tree: DraftTree, target_probs: torch.Tensor, coins: Coins | torch.Generator | None = None
+) -> VerifyResult:
+    """Sampled :func:`verify_tree` with ``coins``, or coins drawn from a generator (the global one when None)."""
+    if not isinstance(coins, Coins):
+        coins = random_coins(tree.batch_size, tree.num_slots, tree.tokens.device, coins)
+    return verify_tree(tree, target_probs=target_probs, coins=coins)
+
+
+def walk_tree(
+    tree: DraftTree,
+    *,
+    target_logits: torch.Tensor | None = None,
+    target_probs: torch.Tensor | None = None,
+    coins: Coins | None = None,
+) -> VerifyResult:
+    """The torch walk behind :func:`verify_tree` (and the Triton kernel's twin), vectorised over the batch: all
+    requests descend one depth per iteration, each scanning its current node's children in index order."""
+    batch, n = tree.tokens.shape
     device = tree.tokens.device
-    valid = tree.valid()
-    rows = torch.arange(batch, device=device)  # [R] requests still descending
+    rows = torch.arange(batch, device=device)
+    valid = tree.valid()  # [B, N]
+    slots = torch.arange(n, device=device)
+    sampled = target_probs is not None
+    if sampled:
+        probs = target_probs.float()  # [B, N, V]
+        vocab = probs.shape[-1]
+        rejected = torch.zeros((batch, vocab), dtype=torch.bool, device=device)  # children rejected at the stop
+        last_rejected = torch.full((batch,), -1, dtype=torch.long, device=device)  # the last one, in sibling order
+    else:
+        argmax = target_logits.argmax(dim=-1)  # [B, N]: the first maximum, as the kernel
     node = torch.zeros(batch, dtype=torch.long, device=device)  # [B] current node
+    active = torch.ones(batch, dtype=torch.bool, device=device)
     num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
     accepted = torch.full((batch, tree.max_depth + 1), NO_NODE, dtype=torch.long, device=device)
     accepted[:, 0] = 0
     output = torch.full((batch, tree.max_depth + 1), PAD_TOKEN_ID, dtype=torch.long, device=device)
-    token = draw(rows, node)  # [B] token drawn at each request's current node
     for depth in range(1, tree.max_depth + 1):
-        match = valid[rows] & (tree.parents[rows] == node[rows, None]) & (tree.tokens[rows] == token[rows, None])
-        hit = match.any(dim=1)  # [R]
-        rows, child = rows[hit], match[hit].int().argmax(dim=1)  # first matching child = SGLang's sibling order
-        if rows.numel() == 0:
+        children = valid & (tree.parents == node[:, None]) & active[:, None]  # [B, N] in sibling (index) order
+        if not bool(children.any()):
             break
-        node[rows] = child
-        accepted[rows, depth] = child
-        output[rows, depth - 1] = token[rows]
-        num_accepted[rows] += 1
-        token[rows] = draw(rows, child)
-    output.scatter_(1, num_accepted[:, None], token[:, None])
-    return VerifyResult(accepted, num_accepted, token, output)
-
-
-def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
-    """Greedy verification: follow the target's argmax through the tree.
-
-    target_logits [B, N, V]: row i is the target's next-token logits at node i (rows of padding are ignored).
-    Ties in the argmax go to the lowest token id.
-    Example: tree r -> {a (1), b (2)}, a -> c (3); argmax per node = [b, ., y, .]: accept node 2, bonus y.
-    """
-    predict = target_logits.argmax(dim=-1)  # [B, N]
-    return _walk(tree, lambda rows, node: predict[rows, node])
-
-
-def verify_sampled(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator) -> VerifyResult:
-    """Target-only sampled verification of deterministic proposals (chains, DDTree, EAGLE trees).
-
-    target_probs [B, N, V]: processed target probabilities at each node (:func:`process_logits`).
-    At node v draw y ~ p(.|v); descend if y is a child's token, else y is the bonus. On a chain this is "accept x
-    with probability p(x), else draw the recovered token from p with x removed".
-    """
-    return _walk(tree, lambda rows, node: sample_tokens(target_probs[rows, node], generator))
+        if sampled:
+            p = probs[rows[:, None], node[:, None], tree.tokens.clamp(min=0)]  # [B, N]: p(child token | node)
+            earlier = children[:, None, :] & (slots[None, None, :] < slots[None, :, None])  # [B, N, N]: j before i
+            repeat = (earlier & (tree.tokens[:, None, :] == tree.tokens[:, :, None])).any(dim=-1)  # [B, N]
+            p = torch.where(children & ~repeat, p, 0.0)
+            cum = p.cumsum(dim=-1)  # float32, sibling order: the kernel's running sum
+            coin = coins.uniform[rows, node]  # [B]
+            hit = children & (p > 0) & (coin[:, None] < cum)
+        else:
+            hit = children & (tree.tokens == argmax[rows, node][:, None])
+        found = hit.any(dim=-1)  # [B]
+        child = hit.int().argmax(dim=-1)  # the first accepted child
+        if sampled:  # where nothing was accepted, the children with p > 0 are zeroed for the bonus
+            zeroed = (active & ~found)[:, None] & children & (p > 0)  # [B, N]
+            rejected[rows[:, None].expand(-1, n)[zeroed], tree.tokens[zeroed]] = True
+            last = torch.where(zeroed, slots, -1).max(dim=-1).values  # [B]
+            last_rejected = torch.where(last >= 0, tree.tokens[rows, last.clamp(min=0)], last_rejected)
+        output[rows[found], depth - 1] = tree.tokens[rows[found], child[found]]
+        accepted[rows[found], depth] = child[found]
+        num_accepted += found.long()
+        node = torch.where(found, child, node)
+        active &= found
+    if sampled:
+        residual = probs[rows, node].masked_fill(rejected, 0.0)  # [B, V]
+        u = coins.final[rows, node] * residual.sum(dim=-1)  # [B]
+        cdf = residual.cumsum(dim=-1)
+        ids = torch.arange(vocab, device=device)
+        first = torch.where((cdf > u[:, None]) & (residual > 0), ids, vocab).min(dim=-1).values
+        last_positive = torch.where(residual > 0, ids, -1).max(dim=-1).values  # rounding left u past the total
+        bonus = torch.where(first < vocab, first, last_positive)
+        bonus = torch.where(bonus >= 0, bonus, last_rejected)  # all of p on rejected children (rounding), as the kernel
+    else:
+        bonus = argmax[rows, node]
+    output.scatter_(1, num_accepted[:, None], bonus[:, None])
+    return VerifyResult(accepted, num_accepted, bonus, output)
 
 
 def verify_chain_stochastic(

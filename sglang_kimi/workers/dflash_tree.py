@@ -39,9 +39,9 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 from sglang_kimi.options import debug_greedy_verify, plugin_args
 from sglang_kimi.speculators.ddtree import build_ddtree_ranked, merge_shard_candidates, rank_draft_logits, shard_candidates
 from sglang_kimi.speculators.trees import DraftTree
-from sglang_kimi.speculators.verify import verify_greedy, verify_sampled
+from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
-from sglang_kimi.workers.tree_batch import full_tree_mask, verify_probs
+from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +172,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
         # 4) Verify and commit.
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
-            result = verify_greedy(tree, logits.view(bs, window, -1))
+            result = verify_tree(tree, target_logits=logits.view(bs, window, -1))
         else:
-            probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)
-            result = verify_sampled(tree, probs, None)
+            probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
+            coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
+            result = verify_tree(tree, target_probs=probs, coins=coins)
         commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
         order = path_first_order(result.accepted_nodes, window)  # [bs, N]
         committed_slots = window_slots.gather(1, order)  # [bs, N]

@@ -3,14 +3,17 @@
 A tree verify runs the target once over every node of every request's tree (``TARGET_VERIFY``), with node i of
 request b at position ``prefix_lens[b] + depth[b, i]`` and its KV row written to the i-th slot of the request's
 verify window (``req_to_token[b, prefix : prefix + N]``); ``speculators/window.py`` commits the accepted path.
-Here: the attention mask in SGLang's FULL_MASK layout and the target distribution from SGLang's sampling state.
+Here, for every plugin verification inside SGLang (DFLASH trees and chains, EAGLE trees): the attention mask in
+SGLang's FULL_MASK layout, the target distribution from SGLang's sampling state (exactly what the non-speculative
+sampler draws from) and the verification coins (seeded per request when SGLang carries sampling seeds). Torch only;
+SGLang objects are read, never imported.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sglang_kimi.speculators.verify import TOP_K_ALL, process_logits
+from sglang_kimi.speculators.verify import TOP_K_ALL, Coins, process_logits, random_coins, seeded_coins
 
 # SGLang's "no top-k" value in SamplingBatchInfo.top_ks.
 SGLANG_TOP_K_ALL = 1 << 30
@@ -50,3 +53,14 @@ def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -
     return process_logits(
         logits, per_row(sampling_info.temperatures), top_k, per_row(sampling_info.top_ps), min_p
     )
+
+
+def verify_coins(sampling_info, offsets: torch.Tensor, batch: int, num_slots: int) -> Coins:
+    """The coins of one verify step: from each request's sampling seed and committed length (``offsets`` [B]) when
+    SGLang carries per-request seeds (``SamplingBatchInfo.sampling_seed``, set under
+    ``--enable-deterministic-inference``), so a seeded request draws the same coins whatever shares its batch;
+    otherwise from torch's generator, as SGLang's own verify does."""
+    seeds = getattr(sampling_info, "sampling_seed", None)
+    if seeds is not None:
+        return seeded_coins(seeds.view(-1), offsets.view(-1), num_slots)
+    return random_coins(batch, num_slots, offsets.device)

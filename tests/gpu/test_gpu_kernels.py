@@ -27,7 +27,8 @@ from sglang_kimi.kernels import tree_mla_attention as tm  # noqa: E402
 from sglang_kimi.kernels import tree_verify as tv  # noqa: E402
 from sglang_kimi.speculators.ddtree import build_ddtree, rank_draft_logits  # noqa: E402
 from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
-from sglang_kimi.speculators.verify import verify_greedy  # noqa: E402
+from sglang_kimi.speculators.verify import walk_tree  # noqa: E402
+from support.verify_layout import twin  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -124,7 +125,7 @@ def test_tree_verify_greedy_full_vocab(batch, nodes):
     tree = random_tree_gpu(batch, nodes, KIMI_VOCAB, gen)
     logits = follow_logits(tree, KIMI_VOCAB, gen).to(torch.bfloat16)
     spec = tree.max_depth + 1
-    expected = verify_greedy(tree, logits)
+    expected = walk_tree(tree, target_logits=logits)  # the torch twin (verify_greedy would launch the kernel)
     for target in ({"target_logits": logits}, {"target_predict": logits.argmax(-1)}):
         poison = dict(
             predicts=torch.full((batch * nodes,), -7, dtype=torch.int32, device=DEV),
@@ -132,7 +133,7 @@ def test_tree_verify_greedy_full_vocab(batch, nodes):
             accept_token_num=torch.full((batch,), -7, dtype=torch.int32, device=DEV),
         )
         out = tv.tree_verify(*verify_args(tree), num_spec_tokens=spec, **poison, **target)
-        ref = tv.tree_verify_ref(*verify_args(tree), num_spec_tokens=spec, **target)
+        ref = twin(*verify_args(tree), num_spec_tokens=spec, **target)
         assert torch.equal(out.accept_index, ref.accept_index)
         assert torch.equal(out.accept_token_num.long(), expected.num_accepted)
         idx = out.accept_index.long()
@@ -152,7 +153,7 @@ def test_tree_verify_sampled_full_vocab(batch, nodes):
     spec = tree.max_depth + 1
     kw = dict(num_spec_tokens=spec, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final)
     out = tv.tree_verify(*verify_args(tree), **kw)
-    ref = tv.tree_verify_ref(*verify_args(tree), **kw)
+    ref = twin(*verify_args(tree), **kw)
     assert torch.equal(out.accept_index, ref.accept_index)
     assert torch.equal(out.accept_token_num, ref.accept_token_num)
     rows = out.accept_index.long()[torch.arange(batch, device=DEV), out.accept_token_num.long()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import heapq
 import importlib.util
 import pathlib
 from collections.abc import Sequence
@@ -75,7 +74,8 @@ def ddtree_brute_force(root: int, logits: torch.Tensor, budget: int) -> tuple[li
     Order: score desc, depth asc, then the parents compared by this same order, then the last token's rank.
     Returns (tokens, parents, depths) with the root first.
     """
-    lp = torch.log_softmax(logits.float(), dim=-1).numpy()
+    # log q = logit - logsumexp, the float32 values rank_draft_logits produces (log_softmax may round differently)
+    lp = (logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).numpy()
     length, vocab = lp.shape
     rank = [{t: r for r, t in enumerate(order)} for order in _ranked(lp)]
     score = {(): np.float32(0)}

@@ -1,4 +1,4 @@
-"""Lossless sampled verification on ROCm and CPU (``sglang_kimi/workers/eagle_sampling.py``).
+"""Lossless sampled verification on ROCm and CPU (``sglang_kimi/workers/eagle_sampling.py``, ``dflash_sampling.py``).
 
 - the target distribution equals what SGLang's ``pytorch`` sampler draws from (its own filtering code);
 - EAGLE trees through the ``eagle_sample`` hook and DFLASH chains through the DFLASH hook: over many requests on a
@@ -34,6 +34,7 @@ else:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
 
+    from sglang_kimi.workers import dflash_sampling as ds
     from sglang_kimi.workers import eagle_sampling as es
     from sglang_kimi.workers.tree_batch import verify_probs
 
@@ -199,7 +200,7 @@ else:
         def upstream(**kwargs):
             raise AssertionError("the CPU path must not reach SGLang's CUDA-only DFLASH sampling")
 
-        accepted, bonus = es.dflash_sampled_verify(
+        accepted, bonus = ds.dflash_sampled_verify(
             upstream, candidates=chain.repeat(bs, 1), next_token_logits=node_logits.repeat(bs, 1), sampling_info=info)
         assert accepted.shape == (bs,) and bonus.dtype == torch.int64
         target = verify_probs(node_logits, sampling_info(1, top_p=0.9), n)
@@ -208,6 +209,6 @@ else:
         assert chi2_pvalue(torch.bincount(first, minlength=V), target[0]) > 1e-4
         second = torch.where(accepted[accepted > 0] > 1, torch.ones_like(bonus[accepted > 0]), bonus[accepted > 0])
         assert chi2_pvalue(torch.bincount(second, minlength=V), target[1]) > 1e-4
-        assert es.dflash_sampling_available(lambda: False) is True
+        assert ds.dflash_sampling_available(lambda: False) is True
         spec_config.speculative_accept_threshold_single = 0.3
-        assert es.dflash_sampling_available(lambda: False) is False  # upstream's greedy fallback and its warning
+        assert ds.dflash_sampling_available(lambda: False) is False  # upstream's greedy fallback and its warning

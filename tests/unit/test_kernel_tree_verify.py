@@ -1,5 +1,7 @@
-"""Tree verification: the Triton kernel (CPU, float32, Triton's interpreter) against its torch twin, the twin
-against ``speculators.verify`` (greedy: exactly; sampled: in distribution, chi-square), on random trees.
+"""Tree verification: the Triton kernel (CPU, float32, Triton's interpreter) against its torch twin
+(``speculators.verify.walk_tree``, the same decisions from the same coins), in SGLang's layout (retrieve arrays in,
+predicts / accept_index / accept_token_num out, converted by ``DraftTree.from_retrieve`` and ``VerifyResult``), and
+the sampled walk's law against the exact target law (chi-square), on random trees.
 
 Triton reads TRITON_INTERPRET when kernels are decorated, so it must be set before Triton is first imported in
 this process (see ``kernels/interpret.py``); if something imported Triton earlier without it, this module runs
@@ -22,6 +24,7 @@ IN_PROCESS = interpreter_active()
 
 from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
 from sglang_kimi.speculators.verify import verify_greedy, verify_sampled  # noqa: E402
+from support.verify_layout import twin  # noqa: E402
 
 POISON = -7  # sentinel for outputs a run must overwrite (or leave alone, where SGLang leaves them undefined)
 
@@ -90,7 +93,7 @@ def run_both(tree: DraftTree, block_v: int, **target):
     kern = tv.tree_verify(
         *args, num_spec_tokens=spec, block_v=block_v, **poisoned(tree.batch_size, tree.num_slots, spec), **target
     )
-    ref = tv.tree_verify_ref(*args, num_spec_tokens=spec, **poisoned(tree.batch_size, tree.num_slots, spec), **target)
+    ref = twin(*args, num_spec_tokens=spec, **poisoned(tree.batch_size, tree.num_slots, spec), **target)
     return kern, ref
 
 
@@ -141,7 +144,7 @@ def test_greedy_worked_example_from_docstring():
     # root 0 -> children 1 (a=11), 2 (b=12); node 1 -> child 3 (c=13); argmax per node = [12, 0, 22, 0]
     tree = DraftTree.from_parents(torch.tensor([[5, 11, 12, 13]]), torch.tensor([[-1, 0, 0, 1]]))
     predict = torch.tensor([[12, 0, 22, 0]])
-    for fn in (tv.tree_verify, tv.tree_verify_ref):
+    for fn in (tv.tree_verify, twin):
         out = fn(*retrieve(tree), num_spec_tokens=3, target_predict=predict, **poisoned(1, 4, 3))
         assert out.accept_index.tolist() == [[0, 2, -1]]
         assert out.accept_token_num.tolist() == [1]
@@ -152,7 +155,7 @@ def test_depth_limit_stops_the_walk():
     # a chain of 4 drafts, all matching, but only num_spec_tokens = 3 (2 drafts) may be accepted
     tree = DraftTree.from_parents(torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[-1, 0, 1, 2, 3]]))
     predict = torch.tensor([[2, 3, 4, 5, 9]])
-    for fn in (tv.tree_verify, tv.tree_verify_ref):
+    for fn in (tv.tree_verify, twin):
         out = fn(*retrieve(tree), num_spec_tokens=3, target_predict=predict, **poisoned(1, 5, 3))
         assert out.accept_token_num.tolist() == [2]
         assert out.accept_index.tolist() == [[0, 1, 2]]
@@ -284,7 +287,7 @@ def _sample_ref(tree1: DraftTree, probs1: torch.Tensor, n: int, gen: torch.Gener
     )
     N = tree.num_slots
     probs = probs1.expand(n, -1, -1)
-    out = tv.tree_verify_ref(
+    out = twin(
         *retrieve(tree),
         num_spec_tokens=tree.max_depth + 1,
         target_probs=probs,
@@ -352,9 +355,15 @@ def test_the_law_test_detects_a_one_percent_bias():
 def test_inputs_are_checked():
     tree = DraftTree.from_parents(torch.tensor([[0, 1]]), torch.tensor([[-1, 0]]))
     with pytest.raises(ValueError, match="exactly one"):
-        tv.tree_verify_ref(*retrieve(tree), num_spec_tokens=2)
+        tv.tree_verify(*retrieve(tree), num_spec_tokens=2)
     with pytest.raises(ValueError, match="uniform"):
-        tv.tree_verify_ref(*retrieve(tree), num_spec_tokens=2, target_probs=torch.ones(1, 2, 3) / 3)
+        tv.tree_verify(*retrieve(tree), num_spec_tokens=2, target_probs=torch.ones(1, 2, 3) / 3)
+    with pytest.raises(ValueError, match="exactly one"):
+        verify_greedy(tree, None)
+    with pytest.raises(ValueError, match="coins"):
+        from sglang_kimi.speculators.verify import verify_tree
+
+        verify_tree(tree, target_probs=torch.ones(1, 2, 3) / 3)
 
 
 def test_env_restored_after_import():

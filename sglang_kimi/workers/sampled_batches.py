@@ -1,0 +1,48 @@
+"""Which sampled batches the plugin verifies itself, and what the EAGLE and DFLASH sampling hooks share.
+
+Upstream (SGLang 0.5.23) verifies sampled requests with ``tree_speculative_sampling_target_only``, a CUDA kernel.
+Where it is missing (ROCm, CPU) SGLang verifies sampled EAGLE trees and DFLASH chains greedily: the output follows
+the target's mode, not its distribution. On those devices the plugin verifies them with the lossless target-only
+rule (``speculators.verify``), as long as the acceptance thresholds are the lossless ones (1.0).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger("sglang_kimi")
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+def plugin_verifies_sampling() -> bool:
+    """Whether this process needs the plugin's sampled verification (ROCm or CPU)."""
+    from sglang.srt.utils import is_cpu, is_hip
+
+    return is_cpu() or is_hip()
+
+
+def thresholds_are_lossless() -> bool:
+    from sglang.srt.runtime_context import get_spec
+
+    spec = get_spec()
+    return spec.speculative_accept_threshold_single == 1.0 and spec.speculative_accept_threshold_acc == 1.0
+
+
+def broadcast_from_rank0(*tensors: torch.Tensor) -> None:
+    """As ``eagle_sample``: every TP rank commits rank 0's tokens."""
+    from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+    from sglang.srt.runtime_context import get_parallel
+
+    group = get_parallel().attn_tp_group if is_dp_attention_enabled() else get_parallel().tp_group
+    if group.world_size > 1:
+        for t in tensors:
+            group.broadcast(t, src=0)
