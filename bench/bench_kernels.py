@@ -304,7 +304,8 @@ def bench_moe(ctx):
     torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
     if device.type != "cuda":
         return [{"section": "moe", "case": "-", "impl": "-", "note": "GPU only (SGLang's fused-MoE Triton kernel)"}]
-    from sglang_kimi.kernels import moe_tuning as mt
+    from sglang_kimi.kernels import moe_configs as mt
+    from sglang_kimi.kernels import moe_tuner as tuner
 
     try:
         from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
@@ -334,7 +335,7 @@ def bench_moe(ctx):
         sglang_table = original(info["E"], info["N"], info["dtype"], *(block or (0, 0)))
         runner = MoeRunnerConfig(inplace=False)
         for M in m_values:
-            x, w1, w2, topk_out, kw = mt._make_moe_inputs(
+            x, w1, w2, topk_out, kw = tuner._make_moe_inputs(
                 info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, dtype, block, 32, M, device, gen
             )
             choices = {

@@ -7,8 +7,8 @@ AITER tuning overrides.
   the entry point that launches it are ``speculators/verify.py``.
 - ``ddtree_build``: best-first DDTree construction, one program per request; the algorithm and its twin are
   ``speculators/ddtree.py``.
-- ``moe_tuning``: fused-MoE Triton config tables for the verify shapes, the ``get_moe_configs`` hook,
-  ``sglang-kimi tune moe``.
+- ``moe_configs``: fused-MoE Triton config tables for the verify shapes and the ``get_moe_configs`` hook that serves
+  them; ``moe_tuner``: ``sglang-kimi tune moe``, the offline sweep that writes them.
 - ``aiter_overrides``: AITER environment switches for the verify shape on ROCm.
 - ``interpret``: running the kernels on CPU tensors through Triton's interpreter (tests only).
 - ``resource_report``: compile the kernels offline for sm_90 / gfx942 / gfx950; registers, spills, shared memory.
@@ -26,6 +26,6 @@ def active_overrides() -> list[dict]:
     table key and file, AITER rows the variable, its value and who set it (``set_by``: "plugin" or "user").
     """
     from sglang_kimi.kernels.aiter_overrides import aiter_override_state
-    from sglang_kimi.kernels.moe_tuning import moe_override_state
+    from sglang_kimi.kernels.moe_configs import moe_override_state
 
     return moe_override_state() + aiter_override_state()

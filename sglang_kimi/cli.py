@@ -72,7 +72,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from sglang_kimi.kernels.moe_tuning import run_tune_moe
+    from sglang_kimi.kernels.moe_tuner import run_tune_moe
 
     path = run_tune_moe(args)
     print(f"wrote {path}")
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="generate kernel tuning tables on a GPU")
     tune_sub = tune.add_subparsers(dest="tune_target", metavar="TARGET", required=True)
-    from sglang_kimi.kernels.moe_tuning import add_tune_moe_args
+    from sglang_kimi.kernels.moe_tuner import add_tune_moe_args
 
     add_tune_moe_args(
         tune_sub.add_parser(

@@ -217,7 +217,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
     Entry(
         "moe-verify-configs",
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs",
-        "sglang_kimi.kernels.moe_tuning:install_moe_overrides",
+        "sglang_kimi.kernels.moe_configs:install_moe_overrides",
         "serves the plugin's Triton fused-MoE tables for the verify shapes (M = batch x draft tokens) on matching "
         "devices and shapes; SGLang's own lookup otherwise",
     ),

@@ -187,9 +187,10 @@ def test_tune_moe_writes_a_table(tmp_path):
     reason = _fused_moe_or_reason()
     if reason:
         pytest.skip(reason)
-    from sglang_kimi.kernels import moe_tuning as mt
+    from sglang_kimi.kernels import moe_configs as mt
+    from sglang_kimi.kernels import moe_tuner as tuner
 
-    path = mt.tune_moe(
+    path = tuner.tune_moe(
         experts=8, intermediate=128, hidden=256, topk=2, dtype="bf16", block_shape=None, m_values=[2, 8],
         output_dir=tmp_path, warmup=1, iters=3, max_configs=4,
     )

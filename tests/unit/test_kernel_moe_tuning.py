@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from sglang_kimi.kernels import active_overrides
-from sglang_kimi.kernels import moe_tuning as mt
+from sglang_kimi.kernels import moe_configs as mt
+from sglang_kimi.kernels import moe_tuner as tuner
 
 SGLANG_ROOT = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
 SGLANG_CONFIG_PY = SGLANG_ROOT / "srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
@@ -71,7 +72,7 @@ def test_shipped_tables_are_verbatim_copies_of_sglang_tables_for_missing_keys():
 
 
 def test_derive_starting_tables_reproduces_the_shipped_files(tmp_path):
-    provenance = mt.derive_starting_tables(SGLANG_CONFIGS, tmp_path)
+    provenance = tuner.derive_starting_tables(SGLANG_CONFIGS, tmp_path)
     for name in provenance:
         assert (tmp_path / name).read_text() == (mt.SHIPPED_DIR / name).read_text()
     assert json.loads((tmp_path / mt.PROVENANCE_FILE).read_text()) == json.loads(
@@ -202,16 +203,16 @@ def test_override_state_lists_device_tables(monkeypatch):
 def test_verify_m_values_and_search_space():
     assert mt.verify_m_values((1, 2), (2, 4)) == [2, 4, 8]
     assert 1024 in mt.verify_m_values() and 2 in mt.verify_m_values()
-    space = mt.search_space("fp8_w8a8", (128, 128), is_rocm=False)
+    space = tuner.search_space("fp8_w8a8", (128, 128), is_rocm=False)
     assert space and all(c["BLOCK_SIZE_K"] % 128 == 0 for c in space)
-    rocm = mt.search_space("bf16", None, is_rocm=True)
+    rocm = tuner.search_space("bf16", None, is_rocm=True)
     assert all(c["num_stages"] == 2 and c["waves_per_eu"] == 0 for c in rocm)
 
 
 def test_tune_moe_cli_fails_clearly_without_gpu(tmp_path):
-    parser = mt.add_tune_moe_args(argparse.ArgumentParser())
+    parser = tuner.add_tune_moe_args(argparse.ArgumentParser())
     args = parser.parse_args(["--tp", "8", "--output-dir", str(tmp_path)])
     assert args.dtype == "fp8_w8a8" and args.experts == 384
     with pytest.raises(SystemExit, match="needs a CUDA or ROCm GPU"):
-        mt.run_tune_moe(args)
+        tuner.run_tune_moe(args)
     assert list(tmp_path.iterdir()) == []

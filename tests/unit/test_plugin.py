@@ -117,7 +117,7 @@ def test_hook_sglang_could_not_apply_is_reported_failed():
 
 
 def test_hook_entries_name_the_target_their_install_hooks():
-    from sglang_kimi.kernels.moe_tuning import HOOK_TARGET
+    from sglang_kimi.kernels.moe_configs import HOOK_TARGET
 
     targets = {e.name: e.target for e in plugin.REGISTRATIONS}
     assert targets["moe-verify-configs"] == HOOK_TARGET
