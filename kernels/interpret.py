@@ -19,15 +19,13 @@ modules, then restores it (so server subprocesses started later by other tests d
 wraps the kernel's Python function in an ``InterpretedFunction`` on the fly (our kernels call no ``@triton.jit``
 helpers, which is what makes that possible). :func:`interpreter_active` says whether Triton's standard library
 in this process is the interpreted one; if it is not (something imported Triton first without the variable), CPU
-launches are impossible in this process and tests run the module in a fresh process
-(:func:`run_pytest_in_fresh_process`).
+launches are impossible in this process (the tests then run their module in a fresh process).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 
 ENV = "TRITON_INTERPRET"
@@ -116,24 +114,3 @@ def _first_tensor_device(args, kwargs) -> str | None:
         if isinstance(value, torch.Tensor):
             return value.device.type
     return None
-
-
-def run_pytest_in_fresh_process(test_file: str, interpret: bool, timeout: float = 900.0) -> tuple[int, str]:
-    """Run ``pytest test_file`` in a new Python process with ``TRITON_INTERPRET`` set (or cleared).
-
-    Returns (exit code, combined output). Used by test modules when this process already imported Triton in
-    the other mode, so their tests still run (and fail loudly) instead of being skipped.
-    """
-    env = dict(os.environ)
-    if interpret:
-        env[ENV] = "1"
-    else:
-        env.pop(ENV, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return proc.returncode, proc.stdout + proc.stderr

@@ -18,7 +18,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA or ROCm GPU (torch.cuda.is_available() is False)", allow_module_level=True)
 
-from sglang_kimi.kernels.interpret import interpreter_active, run_pytest_in_fresh_process  # noqa: E402
+from sglang_kimi.kernels.interpret import interpreter_active  # noqa: E402
+from support.child_process import run_pytest_in_fresh_process  # noqa: E402
 
 IN_PROCESS = not interpreter_active()  # unit tests may have loaded Triton's interpreter in this process
 

@@ -16,7 +16,7 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_BACKEND_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from _child_process import run_file_in_child
+    from support.child_process import run_file_in_child
 
     def test_kimi_cpu_backend_in_a_cpu_sglang_process():
         run_file_in_child(__file__, CHILD_ENV, cpu_engine=True)

@@ -17,7 +17,7 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_OPS_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from _child_process import run_file_in_child
+    from support.child_process import run_file_in_child
 
     def test_cpu_ops_match_sglang_triton_kernels():
         run_file_in_child(__file__, CHILD_ENV, cpu_engine=False)
