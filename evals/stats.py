@@ -31,27 +31,25 @@ drop is ``P(Z <= z) = Phi(z)``.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 
 def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+    return statistics.fmean(values) if values else float("nan")
 
 
 def sample_std(values: Sequence[float]) -> float:
     """Standard deviation with ddof 1; 0.0 for fewer than two values (no spread can be estimated)."""
-    if len(values) < 2:
-        return 0.0
-    m = mean(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return statistics.stdev(values) if len(values) >= 2 else 0.0
 
 
 def normal_cdf(z: float) -> float:
     """Phi(z) of the standard normal distribution (exact at +-inf)."""
     if math.isinf(z):
         return 1.0 if z > 0 else 0.0
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+    return statistics.NormalDist().cdf(z)
 
 
 def _z(delta: float, se: float) -> float:

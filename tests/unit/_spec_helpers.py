@@ -160,18 +160,3 @@ def sglang_speculative() -> dict:
     )
     fns |= load_sglang("srt/layers/sampler.py", ["top_k_top_p_min_p_sampling_from_probs_torch"], namespace)
     return fns
-
-
-# --------------------------------------------------------------------------------------------------------------
-
-
-def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness-of-fit p-value of counts [C] against probs [C] (cells with p = 0 must be 0)."""
-    counts, probs = counts.double().flatten(), probs.double().flatten()
-    if bool((counts[probs == 0] > 0).any()):
-        return 0.0
-    support = probs > 0
-    expected = probs[support] * counts.sum()
-    stat = ((counts[support] - expected) ** 2 / expected).sum()
-    df = torch.tensor((int(support.sum()) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(df, stat / 2))

@@ -3,7 +3,8 @@ seeded request reproduces its output whatever shares its batch), they are unifor
 verify outputs convert to and from ``DraftTree`` / ``VerifyResult`` losslessly."""
 
 import torch
-from _spec_helpers import chi2_pvalue, random_tree
+from support.stats import chi2_pvalue
+from _spec_helpers import random_tree
 
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import MAX_COIN, VerifyResult, random_coins, seeded_coins, verify_sampled

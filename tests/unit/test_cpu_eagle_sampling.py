@@ -37,28 +37,9 @@ else:
     from sglang_kimi.workers import dflash_sampling as ds
     from sglang_kimi.workers import eagle_sampling as es
     from sglang_kimi.workers.tree_batch import verify_probs
+    from support.stats import chi2_pvalue
 
     V = 12
-
-    def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-        """Pearson chi-square p-value of ``counts`` against ``probs`` (cells with probability 0 must be empty)."""
-        from math import exp, lgamma, log
-
-        n = counts.sum().item()
-        support = probs > 0
-        assert counts[~support].sum() == 0, f"samples outside the support: {counts[~support].tolist()}"
-        expected = probs[support] * n
-        stat = float(((counts[support] - expected) ** 2 / expected).sum())
-        k = int(support.sum()) - 1
-        # regularised upper incomplete gamma Q(k/2, stat/2), by series (k and stat are small here)
-        a, z = k / 2.0, stat / 2.0
-        term = total = 1.0 / a
-        m = a
-        for _ in range(2000):
-            m += 1
-            term *= z / m
-            total += term
-        return max(0.0, 1.0 - total * exp(-z + a * log(z) - lgamma(a))) if z > 0 else 1.0
 
     @pytest.fixture
     def spec_config(monkeypatch):

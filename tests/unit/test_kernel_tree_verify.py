@@ -25,6 +25,7 @@ IN_PROCESS = interpreter_active()
 
 from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
 from sglang_kimi.speculators.verify import verify_greedy, verify_sampled  # noqa: E402
+from support.stats import chi2_pvalue, homogeneity_pvalue  # noqa: E402
 from support.verify_layout import twin  # noqa: E402
 
 POISON = -7  # sentinel for outputs a run must overwrite (or leave alone, where SGLang leaves them undefined)
@@ -269,14 +270,6 @@ def _counts(last_node: torch.Tensor, bonus: torch.Tensor, vocab: int) -> dict[tu
     return {(int(k) // vocab, int(k) % vocab): int(c) for k, c in zip(keys, counts)}
 
 
-def _chi2_pvalue(observed: dict, law: dict, n: int) -> float:
-    if any(key not in law for key in observed):
-        return 0.0  # an impossible outcome
-    stat = sum((observed.get(k, 0) - n * q) ** 2 / (n * q) for k, q in law.items())
-    df = len(law) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-
-
 def _sample_ref(tree1: DraftTree, probs1: torch.Tensor, n: int, gen: torch.Generator):
     """n independent verifications of one tree with the vectorised twin (the tree repeated n times)."""
     tree = DraftTree(
@@ -319,22 +312,15 @@ def test_sampled_ref_is_distributed_as_the_target_and_verify_sampled():
     gen = torch.Generator().manual_seed(11)
     last, bonus, big_tree, big_probs = _sample_ref(tree, probs, SAMPLES, gen)
     ref_counts = _counts(last, bonus, probs.shape[-1])
-    assert _chi2_pvalue(ref_counts, law, SAMPLES) > 1e-4
+    assert chi2_pvalue(ref_counts, law) > 1e-4
 
     spec = verify_sampled(big_tree, big_probs, gen)
     last_s = spec.accepted_nodes[torch.arange(SAMPLES), spec.num_accepted]
     spec_counts = _counts(last_s, spec.bonus, probs.shape[-1])
-    assert _chi2_pvalue(spec_counts, law, SAMPLES) > 1e-4
+    assert chi2_pvalue(spec_counts, law) > 1e-4
 
     # two-sample homogeneity: the twin and verify_sampled draw from the same law
-    keys = sorted(set(ref_counts) | set(spec_counts))
-    stat = 0.0
-    for k in keys:
-        a, b = ref_counts.get(k, 0), spec_counts.get(k, 0)
-        stat += (a - b) ** 2 / (a + b)
-    df = len(keys) - 1
-    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-    assert p > 1e-4
+    assert homogeneity_pvalue(ref_counts, spec_counts) > 1e-4
 
 
 def test_the_law_test_detects_a_one_percent_bias():
@@ -347,7 +333,7 @@ def test_the_law_test_detects_a_one_percent_bias():
     biased[0, 0, 1] += 0.01
     assert biased[0, 0, 5] > 0
     last, bonus, _, _ = _sample_ref(tree, biased, SAMPLES, torch.Generator().manual_seed(12))
-    assert _chi2_pvalue(_counts(last, bonus, probs.shape[-1]), law, SAMPLES) < 1e-6
+    assert chi2_pvalue(_counts(last, bonus, probs.shape[-1]), law) < 1e-6
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,22 +6,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.wheel import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = out.glob("sglang_kimi-*.whl")
-    return path
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_wheel_file_list(wheel):

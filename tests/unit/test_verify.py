@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _spec_helpers import chi2_pvalue, random_tree, sglang_speculative, single_thread  # noqa: F401
+from support.stats import chi2_pvalue
+from _spec_helpers import random_tree, sglang_speculative, single_thread  # noqa: F401
 from sglang_kimi.speculators.trees import NO_NODE, PAD_TOKEN_ID, DraftTree, build_chain
 from sglang_kimi.speculators.verify import (
     VerifyResult,
