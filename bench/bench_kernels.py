@@ -17,7 +17,7 @@ Sections (``--sections``):
 - ``moe``: SGLang's fused-MoE Triton kernel at verify M = batch x draft tokens with the plugin's table for this
   device against SGLang's own choice (its table, else its default tiles), for every plugin table of the device.
 
-Timing (``.library/device/METHOD.md``): CUDA events around each call, warm-up first, median of repeats, inputs
+Timing (``docs/kernels.md``): CUDA events around each call, warm-up first, median of repeats, inputs
 rotated among enough copies to exceed the L2 cache for small shapes; each kernel timed twice (``ms`` and
 ``ms_again``) so the spread is visible. Never zeros: inputs are random.
 

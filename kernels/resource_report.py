@@ -1,8 +1,8 @@
 """Compile the kernels offline for a GPU target and report registers, spills and shared memory: no GPU needed.
 
 Triton compiles for any target it has a backend for (the pip wheel carries the NVIDIA and AMD backends, ``ptxas``
-and ``cuobjdump``), so the resource questions of ``.library/device/METHOD.md`` ("are there spills, how much shared
-memory, are the matrix instructions there") are answered on a CPU box before any device time is spent.
+and ``cuobjdump``), so the resource questions of ``docs/kernels.md`` ("are there spills, how much shared memory, are the
+matrix instructions there") are answered on a CPU box before any device time is spent.
 
 The launches are the wrappers' own: each wrapper runs on small CPU tensors with ``interpret.launch`` replaced by a
 recorder, so the kernel arguments, constexprs and ``num_warps`` are exactly what the wrapper passes on a GPU

@@ -1,7 +1,7 @@
 """The Triton kernels at full Kimi shapes on a CUDA or ROCm GPU, bf16 where the serving path is bf16, against
 their torch twins on the same device.
 
-Tolerances (``.library/device/METHOD.md``): relative norm error ||out - ref|| / ||ref||; bf16 operands land
+Tolerances (``docs/kernels.md``): relative norm error ||out - ref|| / ||ref||; bf16 operands land
 between 1e-3 and 1e-2, so attention must be under 1e-2; NaN never passes; outputs are poisoned before each run.
 Integer outputs (trees, verify decisions) must be identical (sampled verify: up to float32 rounding ties).
 

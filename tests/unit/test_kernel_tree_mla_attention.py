@@ -2,7 +2,7 @@
 twin, and the twin against a per-row float64 softmax written from the definition.
 
 Shapes are small (the interpreter runs ~0.1 s per launch); one case uses Kimi's real widths (512 + 64).
-Tolerance: float32 arithmetic, relative norm error < 1e-5 (METHOD.md: float32 lands far under 1e-3).
+Tolerance: float32 arithmetic, relative norm error < 1e-5 (``docs/kernels.md``: float32 lands far below it).
 See ``kernels/interpret.py`` for why TRITON_INTERPRET is set around the first Triton import.
 """
 
