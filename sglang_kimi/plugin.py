@@ -130,6 +130,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "back to greedy argmax verification there)",
     ),
     Entry(
+        "request-validation",
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        "sglang_kimi.request_validation:install_request_validation",
+        "upstream gap: SGLang checks neither the prompt's token ids against the vocabulary, nor for an empty prompt, "
+        "nor input_embeds' width; each crashes the scheduler (IndexError / device-side assert in the embedding, a "
+        "0-token MoE batch). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints",
+    ),
+    Entry(
         "kimi-language-model-only",
         "sglang.srt.server_args.ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES",
         "sglang_kimi.models.install:install_language_model_only_arch",

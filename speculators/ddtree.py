@@ -25,7 +25,7 @@ from .trees import NO_PARENT, DraftTree, topk_lowest_index_ties
 
 # On a CPU, rows are ranked a few at a time: the log-sum-exp's passes over a [rows, V] block then stay in cache
 # (a whole batch of Kimi rows, 64 x 7 x 163840 floats, does not). One call per batch on a GPU.
-CPU_RANK_BLOCK_ELEMENTS = 1 << 21
+CPU_RANK_BLOCK_ELEMENTS = 1 << 19
 
 
 def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

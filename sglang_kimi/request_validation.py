@@ -1,0 +1,69 @@
+"""Requests that would crash a serving scheduler, refused with HTTP 400 before they reach it.
+
+A BEFORE hook on SGLang's ``TokenizerManager._validate_one_request``, which every generate request passes through
+(``/generate``, ``/v1/completions``, ``/v1/chat/completions``, single and batched) after tokenization and before the
+scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logprob`` there, but not:
+
+- the prompt's token ids: an id outside ``[0, vocab_size)`` (or not an integer) reaches the embedding lookup, where it
+  is an IndexError on CPU and a device-side assert on a GPU: the scheduler dies and every later request is refused;
+- an empty prompt (no token at all): the MoE forward of a 0-token batch cannot reshape (``moe_forward_native``);
+- ``input_embeds`` rows of the wrong width, which fail inside the model's first layer.
+
+Each is a ``ValueError`` naming the problem, which SGLang's HTTP server answers with status 400 (an error event on a
+streaming request), and the server goes on serving.
+"""
+
+from __future__ import annotations
+
+from sglang_kimi.hooks import hook
+
+
+def _check_token_ids(input_ids, vocab_size: int) -> None:
+    for position, token in enumerate(input_ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise ValueError(
+                f"input_ids[{position}] is {token!r}: token ids must be integers in [0, {vocab_size})"
+            )
+        if not 0 <= token < vocab_size:
+            raise ValueError(
+                f"input_ids[{position}] is {token}, outside the vocabulary: token ids must be in [0, {vocab_size})"
+            )
+
+
+def _check_input_embeds(input_embeds, hidden_size: int) -> None:
+    rows = input_embeds.tolist() if hasattr(input_embeds, "tolist") else input_embeds
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("input_embeds must be a non-empty list of rows (one per prompt position)")
+    for position, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != hidden_size:
+            width = len(row) if isinstance(row, list) else type(row).__name__
+            raise ValueError(
+                f"input_embeds[{position}] has width {width}: every row must have the model's hidden size "
+                f"{hidden_size}"
+            )
+
+
+def _has_multimodal_input(obj) -> bool:
+    return any(getattr(obj, name, None) is not None for name in ("image_data", "video_data", "audio_data"))
+
+
+def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
+    """BEFORE ``_validate_one_request(self, obj, input_ids)``: raises ``ValueError`` for a request the scheduler
+    cannot serve; returns None (SGLang's own checks then run unchanged)."""
+    config = tokenizer_manager.model_config
+    input_embeds = getattr(obj, "input_embeds", None)
+    if input_embeds is not None:
+        _check_input_embeds(input_embeds, int(config.hidden_size))
+        return None
+    if input_ids is None:
+        return None  # a multimodal processor fills them in later; SGLang validates that path
+    if not isinstance(input_ids, list):
+        raise ValueError("input_ids must be a list of integer token ids")
+    if not input_ids and not _has_multimodal_input(obj):
+        raise ValueError("the prompt has no tokens: send a non-empty text or input_ids")
+    _check_token_ids(input_ids, int(config.vocab_size))
+    return None
+
+
+def install_request_validation(target: str):
+    hook(target, validate_request, "BEFORE")
