@@ -36,6 +36,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer, generate
@@ -124,7 +125,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = tiny.TinyKimiLM.from_pretrained(dtype=dtype)
+    model = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=dtype)
     dflash = DFlashDrafter.from_pretrained(args.dflash, dtype=dtype)
     dflash.attach_target(model.embed_tokens.weight, model.lm_head.weight)
     eagle = Eagle3Drafter.from_pretrained(args.eagle3, dtype=dtype)

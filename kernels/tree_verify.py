@@ -358,11 +358,9 @@ def tree_verify(
     return TreeVerifyOutput(predicts, accept_index, accept_token_num)
 
 
-def verify_tree_on_device(tree, *, target_logits=None, target_probs=None, coins=None):
-    """``speculators.verify.verify_tree`` on a CUDA/ROCm device: the tree in SGLang's retrieve layout, one kernel
-    launch, the outputs read back into a ``VerifyResult``."""
-    from sglang_kimi.speculators.verify import VerifyResult
-
+def verify_tree_on_device(tree, *, target_logits=None, target_probs=None, coins=None) -> TreeVerifyOutput:
+    """The launch behind ``speculators.verify.verify_tree`` on a CUDA/ROCm device: a ``DraftTree`` in SGLang's
+    retrieve layout, one kernel launch; the caller reads the outputs back into a ``VerifyResult``."""
     batch, n = tree.tokens.shape
     retrieve_index = torch.arange(batch * n, device=tree.tokens.device).view(batch, n)
     out = tree_verify(
@@ -376,4 +374,4 @@ def verify_tree_on_device(tree, *, target_logits=None, target_probs=None, coins=
         uniform_samples=None if coins is None else coins.uniform,
         uniform_samples_for_final_sampling=None if coins is None else coins.final,
     )
-    return VerifyResult.from_sglang(out.predicts, out.accept_index, out.accept_token_num, n)
+    return out

@@ -20,11 +20,17 @@ detokenizer) records where it imported ``sglang`` from and ``importlib.metadata.
 shims come before it on the path). For the servers, the scheduler's pid reported in ``/server_info`` must be among
 the recorded processes.
 
+The sglang-kimi checked is the editable install (this working tree), or with ``--plugin`` a commit of this repo or a
+source folder, copied to the scratch folder and put on ``PYTHONPATH`` ahead of the editable install (every process
+must then import sglang_kimi from that copy, checked the same way): a fixed tree while the working tree changes,
+or a candidate patch checked without touching the checkout.
+
 Prints progress lines, then a table (version x step: pass, or the first problem) and writes the full results to
 bench/results/sglang_range.json. Not part of CI's default run (minutes per version on CPU).
 
     .venv/bin/python scripts/check_sglang_range.py                       # 0.5.20 .. 0.5.23
     .venv/bin/python scripts/check_sglang_range.py --versions 0.5.22 --keep
+    .venv/bin/python scripts/check_sglang_range.py --keep --plugin HEAD --out /tmp/range.json
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ Steps:
    follows a demo answer is not a training target, so after ``#### N`` the model learns to emit ``[EOS]``) and
    chat documents ``<|im_user|>user<|im_middle|>{q}<|im_end|><|im_assistant|>assistant<|im_middle|>{a}<|im_end|>``;
    documents are packed into windows of ``--seq-len`` tokens (long enough for 5-shot GSM8K prompts).
-3. training: the compact DeepSeek-V3 implementation ``sglang_kimi.models.tiny.TinyKimiLM`` (fp32, AdamW,
-   cosine LR); the routing bias ``e_score_correction_bias`` is learned the DeepSeek-V3 way (auxiliary-loss-free
-   balancing: after each step, bias += gamma * sign(mean load - expert load)).
+3. training: the compact DeepSeek-V3 implementation
+   ``sglang_kimi.speculators.reference.deepseek_v3.CompactDeepseekV3`` (fp32, AdamW, cosine LR); the routing bias
+   ``e_score_correction_bias`` is learned the DeepSeek-V3 way (auxiliary-loss-free balancing: after each step,
+   bias += gamma * sign(mean load - expert load)).
 4. save: ``config.json`` (Kimi format), ``generation_config.json``, ``model.safetensors`` (bf16, correction
    bias fp32; real Kimi-K2.6 tensor names incl. a tiny random MoonViT ``vision_tower.*`` / ``mm_projector.*``),
    ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``.
@@ -41,6 +42,8 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 from sglang_kimi.models import tiny  # noqa: E402
 
@@ -220,7 +223,7 @@ def window_batches(docs, batch_size: int, seq_len: int):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def init_weights(model: tiny.TinyKimiLM, std: float = 0.02) -> None:
+def init_weights(model: CompactDeepseekV3, std: float = 0.02) -> None:
     n_layers = model.config["num_hidden_layers"]
     for name, p in model.named_parameters():
         if p.dim() == 1:
@@ -236,7 +239,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int, floor: float = 0.1) -
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model: tiny.TinyKimiLM, batches, args, evaluate=None) -> list[float]:
+def train(model: CompactDeepseekV3, batches, args, evaluate=None) -> list[float]:
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "embed_tokens" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1 or "embed_tokens" in n]
     opt = torch.optim.AdamW(
@@ -293,7 +296,7 @@ def vision_weights(config: dict, gen: torch.Generator) -> dict[str, torch.Tensor
     return out
 
 
-def save_model(model: tiny.TinyKimiLM, fast, out: Path, seed: int) -> None:
+def save_model(model: CompactDeepseekV3, fast, out: Path, seed: int) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -327,7 +330,7 @@ def save_model(model: tiny.TinyKimiLM, fast, out: Path, seed: int) -> None:
 
 
 @torch.no_grad()
-def greedy(model: tiny.TinyKimiLM, ids: list[int], max_new: int, stop=(tiny.EOS_ID, tiny.IM_END_ID)) -> list[int]:
+def greedy(model: CompactDeepseekV3, ids: list[int], max_new: int, stop=(tiny.EOS_ID, tiny.IM_END_ID)) -> list[int]:
     """Plain greedy decode (full recompute per token; fine at this size)."""
     out = list(ids)
     for _ in range(max_new):
@@ -339,7 +342,7 @@ def greedy(model: tiny.TinyKimiLM, ids: list[int], max_new: int, stop=(tiny.EOS_
 
 
 @torch.no_grad()
-def answer_nll(model: tiny.TinyKimiLM, fast, rows: list[dict]) -> float:
+def answer_nll(model: CompactDeepseekV3, fast, rows: list[dict]) -> float:
     """Mean per-token NLL of the reference answers (+[EOS]) given the zero-shot prompt."""
     tot, n = 0.0, 0
     for r in rows:
@@ -386,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     fast = build_tokenizer(train_rows)
     print(f"tokenizer: {len(fast)} tokens ({tiny.NUM_BPE_TOKENS} BPE + {tiny.VOCAB_SIZE - tiny.NUM_BPE_TOKENS} specials)")
 
-    model = tiny.TinyKimiLM(tiny.TEXT_CONFIG)
+    model = CompactDeepseekV3(tiny.TEXT_CONFIG)
     init_weights(model)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"text model: {n_params / 1e6:.2f}M parameters")
@@ -406,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp.rename(args.out)
 
     # Everything below runs on the saved asset (bf16 weights upcast to fp32), as served.
-    saved = tiny.TinyKimiLM.from_pretrained(args.out)
+    saved = CompactDeepseekV3.from_pretrained(args.out)
     nll = answer_nll(saved, fast, test_rows[:20])
     biases = torch.stack([m.e_score_correction_bias for m in saved.moe_layers()])
     vision = sum(math.prod(s) for n, s in tiny.checkpoint_weight_shapes(tiny.kimi_config()).items()

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _drafter_common as common
 from sglang_kimi.speculators import configs
 from sglang_kimi.speculators.reference import dflash, eagle3
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.loop import ChainProposer, EagleProposer, generate
 
 from sglang_kimi.models import tiny
@@ -85,7 +86,7 @@ def extract_features(model, seqs: list[dict], batch: int) -> None:
         ids = torch.tensor([s["ids"] + [tiny.PAD_ID] * (longest - len(s["ids"])) for s in chunk])
         positions = torch.arange(longest).expand(len(chunk), -1)
         mask = torch.ones(longest, longest, dtype=torch.bool).tril()[None].expand(len(chunk), -1, -1)
-        _, hidden, _ = common.masked_forward(model, ids, positions, mask)
+        _, hidden = model(ids, positions, mask, output_hidden_states=True)
         feats = torch.stack([hidden[layer + 1] for layer in FEATURE_LAYERS], dim=2).to(torch.bfloat16)
         for j, s in enumerate(chunk):
             s["feats"] = feats[j, : len(s["ids"])].clone()
@@ -486,7 +487,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    target = tiny.TinyKimiLM.from_pretrained()
+    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR)
     for p in target.parameters():
         p.requires_grad_(False)
     tokenizer = common.load_tokenizer()

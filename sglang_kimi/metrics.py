@@ -12,11 +12,14 @@ and ``sglang_kimi:spec_accept_length_total{accepted}``.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
 
 from sglang_kimi.hooks import hook
+
+logger = logging.getLogger("sglang_kimi")
 
 
 class AcceptanceStats:
@@ -125,8 +128,50 @@ def stats_for(reporter) -> AcceptanceStats:
     return _stats
 
 
+class DraftHealth:
+    """Draft positions whose logits were not finite (NaN or +inf: a corrupted or diverged drafter). Verification
+    stays lossless whatever the draft; these positions only cost acceptance, so they are counted, logged once and
+    exported (``sglang_kimi:spec_nonfinite_draft_positions_total``) rather than allowed to fail a step."""
+
+    def __init__(self) -> None:
+        self.positions = 0
+        self.steps = 0
+        self._lock = threading.Lock()
+        self._counter = None
+
+    def record(self, positions: int, prometheus: bool) -> None:
+        with self._lock:
+            first = self.steps == 0
+            self.positions += positions
+            self.steps += 1
+        if first:
+            logger.warning(
+                "sglang-kimi: the drafter produced non-finite logits (%d draft positions this step); those positions "
+                "are drafted blind (output stays lossless, acceptance drops). Counted in /server_info "
+                "spec_metrics.nonfinite_draft_positions; check the drafter checkpoint",
+                positions,
+            )
+        if prometheus:
+            if self._counter is None:
+                from prometheus_client import Counter
+
+                self._counter = Counter(
+                    "sglang_kimi:spec_nonfinite_draft_positions",
+                    "Draft positions whose logits were NaN or +inf (drafted blind; output stays lossless).",
+                )
+            self._counter.inc(positions)
+
+
+draft_health = DraftHealth()
+
+
 def current_snapshot() -> dict | None:
-    return _stats.snapshot() if _stats is not None else None
+    if _stats is None and draft_health.steps == 0:
+        return None
+    snapshot = _stats.snapshot() if _stats is not None else {"steps": 0}
+    snapshot["nonfinite_draft_positions"] = draft_health.positions
+    snapshot["nonfinite_draft_steps"] = draft_health.steps
+    return snapshot
 
 
 def _record_step(result_none, reporter, batch, result):

@@ -107,6 +107,40 @@ def shims_needed() -> list[str]:
     return [name for name in ("sgl_kernel", "torchvision") if not _real_package_imports(name)]
 
 
+CPU_THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def cpu_threads_bind(tp_size: int, cores: list[int] | None = None) -> str:
+    """SGLang's per-rank CPU core lists for ``--tp N`` on CPU (``SGLANG_CPU_OMP_THREADS_BIND``, ranks separated by
+    ``|``): this process's cores split into N contiguous groups. SGLang's CPU engine otherwise asserts one rank per
+    NUMA node. Example: cores 0..5, tp 2 -> ``"0-2|3-5"``; cores 0, 1, tp 2 -> ``"0|1"``; cores 0, 2, 4, 6, tp 2 ->
+    ``"0,2|4,6"``."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if tp_size > len(cores):
+        raise LaunchError(
+            f"--tp {tp_size} on CPU needs at least one core per rank, but this process may use {len(cores)}: lower "
+            f"--tp, or set {CPU_THREADS_BIND_ENV} yourself"
+        )
+    groups, start = [], 0
+    for rank in range(tp_size):
+        size = len(cores) // tp_size + (1 if rank < len(cores) % tp_size else 0)
+        group = cores[start : start + size]
+        start += size
+        groups.append(_core_list(group))
+    return "|".join(groups)
+
+
+def _core_list(cores: list[int]) -> str:
+    """Sorted core ids as ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def sglang_env(cpu: bool) -> tuple[dict[str, str], list[str]]:
     """The environment of an SGLang process started by the plugin, and the shims put on its path."""
     env = dict(os.environ)
@@ -216,6 +250,9 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
             if not _has_flag(args, flag):
                 args += [flag] if value is None else [flag, value]
     env, shims = sglang_env(cpu)
+    tp = _flag_value(args, "--tp") or _flag_value(args, "--tp-size") or _flag_value(args, "--tensor-parallel-size")
+    if cpu and tp is not None and int(tp) > 1 and CPU_THREADS_BIND_ENV not in env:
+        env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(int(tp))
     argv = [sys.executable, "-m", "sglang.launch_server", *args]
     return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims)
 

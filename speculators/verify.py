@@ -223,7 +223,8 @@ def verify_tree(
     if tree.tokens.is_cuda:
         from ..kernels.tree_verify import verify_tree_on_device  # the kernel's layout and launch
 
-        return verify_tree_on_device(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+        out = verify_tree_on_device(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+        return VerifyResult.from_sglang(out.predicts, out.accept_index, out.accept_token_num, tree.num_slots)
     return walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
 
 

@@ -125,6 +125,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1:].reshape(bs * (block - 1), -1))
         ranked_lp = ranked_lp.view(bs, block - 1, -1)  # [bs, B-1, K]
         ranked_ids = ranked_ids.view(bs, block - 1, -1)
+        ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
 
         # 2) The DDTree, padded to the window.
         tree = pad_tree(self._build_tree(root, ranked_lp, ranked_ids), window)
@@ -281,6 +282,17 @@ class DFlashTreeWorker(DFlashWorkerV2):
         ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
         lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
         return merge_shard_candidates(values, ids, lse, k)
+
+    def _blind_nonfinite_drafts(self, ranked_lp: torch.Tensor) -> torch.Tensor:
+        """NaN or +inf log-probs (a corrupted drafter) become -inf: those positions' candidates rank last and the
+        tree stays well formed (verification is lossless whatever is drafted); counted and logged once."""
+        bad = torch.isnan(ranked_lp) | (ranked_lp == float("inf"))  # [bs, B-1, K]
+        if not bool(bad.any()):
+            return ranked_lp
+        from sglang_kimi.metrics import draft_health
+
+        draft_health.record(int(bad.any(dim=-1).sum()), prometheus=bool(self.server_args.enable_metrics))
+        return ranked_lp.masked_fill(bad, float("-inf"))
 
     def _build_tree(self, root, ranked_lp, ranked_ids) -> DraftTree:
         if self._use_triton_ddtree:

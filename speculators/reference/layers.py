@@ -1,5 +1,5 @@
-"""Layers the reference drafter modules share: RoPE as SGLang builds it (plain, YaRN, DeepSeek YaRN), RMSNorm, the
-gated MLP, and attention under an explicit boolean mask."""
+"""Layers the reference drafter modules and the compact DeepSeek-V3 (:mod:`.deepseek_v3`) share: RoPE as SGLang
+builds it (plain, YaRN, DeepSeek YaRN), RMSNorm, the gated MLP, and attention under an explicit boolean mask."""
 
 from __future__ import annotations
 
@@ -95,16 +95,24 @@ def rope_for(config: DFlashConfig | Eagle3Config) -> Rope:
 
 
 class RMSNorm(nn.Module):
-    """SGLang's / HF's RMSNorm: normalize in fp32, scale by ``weight``, cast back."""
+    """SGLang's / HF's RMSNorm: normalize in fp32, scale by ``weight``, cast back.
 
-    def __init__(self, dim: int, eps: float) -> None:
+    ``cast_before_scale`` takes transformers' ``DeepseekV3RMSNorm`` order instead: cast the normalized fp32 values
+    back to the input dtype, then scale in the weight's dtype (the compact DeepSeek-V3 of :mod:`.deepseek_v3`).
+    The two orders are equal in float32; in float64 the default rounds the product to float32.
+    """
+
+    def __init__(self, dim: int, eps: float, cast_before_scale: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.cast_before_scale = cast_before_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.cast_before_scale:
+            return self.weight * xf.to(x.dtype)
         return (self.weight.float() * xf).to(x.dtype)
 
 

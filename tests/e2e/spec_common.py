@@ -136,12 +136,13 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
 
 @functools.lru_cache(maxsize=1)
 def _reference_models():
+    from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
     from sglang_kimi.speculators.reference.dflash import DFlashDrafter
     from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 
     from sglang_kimi.models import tiny
 
-    target = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)
+    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)
     dflash = DFlashDrafter.from_pretrained(TRAINED_DFLASH, dtype=torch.float32)
     dflash.attach_target(target.embed_tokens.weight, target.lm_head.weight)
     eagle = Eagle3Drafter.from_pretrained(TRAINED_EAGLE3, dtype=torch.float32)

@@ -29,8 +29,9 @@ import torch
 from sglang_kimi import cli, kv_calibration
 from sglang_kimi.models import kv_scales
 from sglang_kimi.models.quant import formats
-from sglang_kimi.models.tiny import TINY_MODEL_DIR, TinyKimiLM, load_hf_reference
+from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
 from sglang_kimi.server import LaunchError, ServerProcess, group_alive, launch_command, fetch_plugin_state
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e
 
@@ -98,18 +99,16 @@ def variant_servers(tmp_path_factory):
             assert not group_alive(server.pgid)
 
 
-def _latent_amax(model: TinyKimiLM, sequences: list[list[int]]) -> list[float]:
+def _latent_amax(model: CompactDeepseekV3, sequences: list[list[int]]) -> list[float]:
     """Per layer, max |x| over the MLA cache rows [normed latent | roped key] the reference computes for every
     token of ``sequences`` (what SGLang writes to its latent KV cache)."""
     amax = [0.0] * len(model.layers)
     for ids in sequences:
-        x = model.embed_tokens(torch.tensor([ids]))
-        cos, sin = model.rope(len(ids), x.dtype)
+        x = model.embed_tokens(torch.tensor([ids]))  # [1, s, H]
+        cos, sin = model.cos_sin(torch.arange(len(ids)), x.dtype)
         for i, layer in enumerate(model.layers):
-            attn, h = layer.self_attn, layer.input_layernorm(x)
-            kv_nope, k_rot = attn.kv_a_proj_with_mqa(h).split([attn.kv_lora, attn.rope], dim=-1)
-            row = torch.cat([attn.kv_a_layernorm(kv_nope), attn.rotate(k_rot.unsqueeze(1), cos, sin)[:, 0]], -1)
-            amax[i] = max(amax[i], row.abs().max().item())
+            rows = layer.self_attn.latent_rows(layer.input_layernorm(x), cos, sin)  # [1, s, kv_lora + rope]
+            amax[i] = max(amax[i], rows.abs().max().item())
             x = layer(x, cos, sin)
     return amax
 
@@ -133,7 +132,7 @@ def test_calibrate_kv_records_the_real_latent_maxima(variant_servers, tmp_path, 
     prompts = kv_calibration.calibration_prompts(DATA_DIR, 3)
     _, sequences = kv_calibration.calibrate(server.base_url, prompts, max_new_tokens=8)
     with torch.no_grad():
-        model = TinyKimiLM.from_pretrained(formats.dequantize_checkpoint(path, tmp_path / "reference"))
+        model = CompactDeepseekV3.from_pretrained(formats.dequantize_checkpoint(path, tmp_path / "reference"))
         expected = _latent_amax(model, [s[:-1] for s in sequences] + [HEALTH_CHECK_IDS])  # last token: never written
     for i, e in enumerate(expected):
         entry = layers[str(i)]

@@ -319,7 +319,7 @@ def test_trained_drafter_accepts_tokens_losslessly():
 
 
 def test_compact_target_matches_hf_reference():
-    """The benchmark's target (compact TinyKimiLM through _drafter_common, with and without its prefix cache)
+    """The benchmark's target (CompactDeepseekV3 through _drafter_common, with and without its prefix cache)
     equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
     import _drafter_common as common
     from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
@@ -327,9 +327,10 @@ def test_compact_target_matches_hf_reference():
     from sglang_kimi.speculators.ddtree import build_ddtree
 
     from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
     hf, _ = tiny.load_hf_reference(dtype=torch.float32)
-    compact = tiny.TinyKimiLM.from_pretrained(dtype=torch.float32)
+    compact = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)
     layers = [1, 3, 4]
     tokens = torch.tensor(gsm8k_test_prompts(1)[0][:24])
     tree = build_ddtree(tokens[-1:], torch.randn(1, 4, tiny.VOCAB_SIZE, generator=torch.Generator().manual_seed(0)), 9)

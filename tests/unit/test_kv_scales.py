@@ -8,17 +8,16 @@ as the triton backend (MLA: ``k / layer.k_scale``) and the DFlash worker (MHA: `
 read back as the kernels do (``stored * k_scale_float``).
 """
 
-import functools
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from sglang_kimi.models import kv_scales as K
 from sglang_kimi.server import sglang_env
+from sglang_kimi.speculators.reference.deepseek_v3 import MLA, CompactDeepseekV3
 
 # ---------------------------------------------------------------------------------------------------------------
 # The rule
@@ -127,21 +126,10 @@ def test_scale_file_errors_name_the_fix(tmp_path):
 # The tiny Kimi model with an FP8 latent cache: scale 1.0 breaks it, dynamic scales keep it close to BF16 KV
 
 
-def _mla_with_cache(attn, x, cos, sin, cache):
-    """TinyKimiLM's MLA with the cached row made explicit: [normed latent (256) | roped key (32)] passes through
+def _keys_values_through(attn, cache):
+    """``attn.keys_values`` with the cached row made explicit: [normed latent (256) | roped key (32)] passes through
     ``cache`` (the KV cache's storage) before it serves as K (all of it) and V (the latent, through kv_b_proj)."""
-    b, s, _ = x.shape
-    q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x))).view(b, s, attn.nh, -1).transpose(1, 2)
-    q_nope, q_rot = q.split([attn.nope, attn.rope], dim=-1)
-    kv_nope, k_rot = attn.kv_a_proj_with_mqa(x).split([attn.kv_lora, attn.rope], dim=-1)
-    row = torch.cat([attn.kv_a_layernorm(kv_nope), attn.rotate(k_rot.unsqueeze(1), cos, sin)[:, 0]], -1)
-    latent, k_rot = cache(row).split([attn.kv_lora, attn.rope], -1)  # [b, s, 256], [b, s, 32]
-    kv = attn.kv_b_proj(latent).view(b, s, attn.nh, -1).transpose(1, 2)
-    k_nope, v = kv.split([attn.nope, attn.vdim], dim=-1)
-    q = torch.cat([q_nope, attn.rotate(q_rot, cos, sin)], -1)
-    k = torch.cat([k_nope, k_rot.unsqueeze(1).expand(b, attn.nh, s, attn.rope)], -1)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scale)
-    return attn.o_proj(o.transpose(1, 2).reshape(b, s, attn.nh * attn.vdim))
+    return lambda rows: MLA.keys_values(attn, cache(rows))  # rows [b, s, 288]
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +138,9 @@ def large_latent_model():
     in float, latent values in the thousands, as in models with outlier channels."""
     from transformers import PreTrainedTokenizerFast
 
-    from sglang_kimi.models.tiny import TINY_MODEL_DIR, TinyKimiLM
+    from sglang_kimi.models.tiny import TINY_MODEL_DIR
 
-    model = TinyKimiLM.from_pretrained(TINY_MODEL_DIR)
+    model = CompactDeepseekV3.from_pretrained(TINY_MODEL_DIR)
     with torch.no_grad():
         for layer in model.layers:
             layer.self_attn.kv_a_layernorm.weight.mul_(1000)
@@ -165,7 +153,7 @@ def large_latent_model():
 
 def _logprobs(model, ids, make_cache):
     for i, layer in enumerate(model.layers):
-        layer.self_attn.forward = functools.partial(_mla_with_cache, layer.self_attn, cache=make_cache(i))
+        layer.self_attn.keys_values = _keys_values_through(layer.self_attn, make_cache(i))
     with torch.no_grad():
         return torch.log_softmax(model(ids).float(), -1)[0]  # [T, V]
 
@@ -229,7 +217,8 @@ from sglang_kimi.models import kv_scales as K
 from sglang_kimi import plugin
 
 for name in ("kimi-fp8-kv-scales", "kimi-kv-observe-mla", "kimi-kv-observe-mha"):
-    assert plugin._load(next(e.install for e in plugin.REGISTRATIONS if e.name == name))() is None
+    entry = next(e for e in plugin.REGISTRATIONS if e.name == name)
+    assert plugin._load(entry.install)(entry.target) is None
 HookRegistry.apply_hooks()
 K._mla_backend_ok = lambda role: True  # the triton backend is the scale-aware one; no backend runs here
 FP8 = torch.float8_e4m3fn

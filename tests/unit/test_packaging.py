@@ -34,8 +34,13 @@ def test_wheel_file_list(wheel):
         "sglang_kimi/assets/tiny-kimi-k2.6/tokenizer.json",
     ):
         assert required in names, required
-    for source in (REPO / "speculators").glob("*.py"):
-        assert f"sglang_kimi/speculators/{source.name}" in names
+    for source in (REPO / "speculators").rglob("*.py"):
+        assert f"sglang_kimi/speculators/{source.relative_to(REPO / 'speculators')}" in names, source
+    for package in ("speculators", "kernels", "evals"):  # every subpackage is declared: nothing is left out
+        for source in (REPO / package).rglob("*.py"):
+            assert f"sglang_kimi/{package}/{source.relative_to(REPO / package)}" in names, source
+    for source in (REPO / "sglang_kimi").rglob("*.py"):
+        assert f"sglang_kimi/{source.relative_to(REPO / 'sglang_kimi')}" in names, source
     assert not any(name.startswith(("tests/", "bench/", "scripts/")) for name in names)
     assert not any("torchvision" in n and n.endswith(".dist-info/METADATA") for n in names)
 

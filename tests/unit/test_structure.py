@@ -1,0 +1,112 @@
+"""The layout's rules: no import cycle among the package's modules (function-level imports included), the algorithms
+(``speculators/``) import no SGLang and nothing of the plugin but the kernels they dispatch to, and the reference code
+is not imported by serving."""
+
+import ast
+import collections
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTS = {
+    "sglang_kimi": REPO / "sglang_kimi",
+    "sglang_kimi.speculators": REPO / "speculators",
+    "sglang_kimi.kernels": REPO / "kernels",
+    "sglang_kimi.evals": REPO / "evals",
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in ROOTS.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if "shims" in parts:
+                continue  # import shims: top-level sgl_kernel / torchvision on a CPU server's path
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of ``known`` that ``name`` imports, at module level or inside functions."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else [])) if node.level else (node.module or "")
+            candidates = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        out |= {c for c in candidates if c in known and c != name}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles(collections.defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})) == [["a", "b", "c"]]
+
+
+def test_speculators_import_no_sglang_and_only_the_kernels():
+    edges = graph()
+    for name, path in modules().items():
+        if not name.startswith("sglang_kimi.speculators"):
+            continue
+        tree = ast.parse(path.read_text())
+        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert "sglang" not in roots, name
+        outside = {m for m in edges[name] if not m.startswith(("sglang_kimi.speculators", "sglang_kimi.kernels"))}
+        assert not outside, (name, outside)
+
+
+def test_serving_does_not_import_the_reference_code():
+    edges = graph()
+    serving = [m for m in edges if not m.startswith(("sglang_kimi.speculators.reference", "sglang_kimi.evals"))]
+    serving = [m for m in serving if m not in ("sglang_kimi.models.tiny", "sglang_kimi.kernels.resource_report")]
+    for name in serving:
+        assert not any(m.startswith("sglang_kimi.speculators.reference") for m in edges[name]), name
