@@ -27,7 +27,7 @@ from sglang_kimi.speculators.reference.loop import Target, TargetOutput
 
 from sglang_kimi.models import tiny
 
-GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = REPO / "data" / "gsm8k"
 PROMPT_FORMAT = "Question: {q}\nAnswer:"
 
 

@@ -47,7 +47,7 @@ from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 from sglang_kimi.models import tiny  # noqa: E402
 
-DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+DEFAULT_DATA_DIR = REPO / "data" / "gsm8k"
 
 # Kimi-style chat template: <|im_user|>user<|im_middle|>{content}<|im_end|><|im_assistant|>assistant<|im_middle|>
 CHAT_TEMPLATE = (

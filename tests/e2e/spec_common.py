@@ -2,7 +2,7 @@
 loop's tau, and the statistics of the sampling tests.
 
 Prompts are lm-eval's zero-shot GSM8K format ``"Question: {q}\\nAnswer:"`` over the first test questions of
-``../shared/data/gsm8k`` (the data CI runs the GSM8K gate on).
+``data/gsm8k`` (the data the GSM8K gate runs on).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from sglang_kimi.server import ASSETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+from support.data import GSM8K_DIR  # noqa: E402
 TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
@@ -36,7 +36,7 @@ if str(REPO / "scripts") not in sys.path:
 def gsm8k_prompts(limit: int) -> tuple[str, ...]:
     path = GSM8K_DIR / "test.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the e2e tests read GSM8K from ../shared/data/gsm8k")
+        raise FileNotFoundError(f"{path} is missing: the e2e tests read GSM8K from data/gsm8k in the repository")
     with open(path) as f:
         questions = [json.loads(line)["question"] for line in f if line.strip()][:limit]
     return tuple(f"Question: {q}\nAnswer:" for q in questions)

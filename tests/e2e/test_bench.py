@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.data import GSM8K_DIR
 
 from sglang_kimi import cli
 from sglang_kimi.server import ASSETS_DIR
@@ -12,7 +13,7 @@ from sglang_kimi.server import ASSETS_DIR
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+DATA_DIR = GSM8K_DIR
 TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 PNG = b"\x89PNG\r\n\x1a\n"
 

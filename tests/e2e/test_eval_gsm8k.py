@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.data import GSM8K_DIR
 
 from sglang_kimi import cli
 from sglang_kimi.server import ASSETS_DIR, TINY_MODEL, free_port, start_server
@@ -18,7 +19,7 @@ from sglang_kimi.server import ASSETS_DIR, TINY_MODEL, free_port, start_server
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+DATA_DIR = GSM8K_DIR
 LIMIT, SEEDS = 8, 2
 SMALL_RUN = [
     "--data-dir",

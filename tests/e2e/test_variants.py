@@ -20,9 +20,9 @@ tokens (and observing must not change the served logprobs).
 import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from support.data import GSM8K_DIR
 import requests
 import torch
 
@@ -42,7 +42,7 @@ PROMPT = (
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?\nAnswer:"
 )
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+DATA_DIR = GSM8K_DIR
 HEALTH_CHECK_IDS = [0]  # SGLang's /health generates one token from input_ids [0]: that row is observed too
 FALLBACK_LOG = {"int4": "SGLang has no INT4 compressed-tensors kernel for cpu",
                 "mxfp4": "SGLang has no MXFP4 Quark kernel for cpu"}

@@ -15,41 +15,13 @@ import torch
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 from sglang_kimi.models import tiny
+from support.data import gsm8k_items
 
 ASSET = tiny.TINY_MODEL_DIR
-GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
-
-# A few GSM8K test items (used when the shared data folder is absent).
-FALLBACK_TEST = [
-    {
-        "question": "Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes "
-        "muffins for her friends every day with four. She sells the remainder at the farmers' market daily for "
-        "$2 per fresh duck egg. How much in dollars does she make every day at the farmers' market?",
-        "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every "
-        "day at the farmer\u2019s market.\n#### 18",
-    },
-    {
-        "question": "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total "
-        "does it take?",
-        "answer": "It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is "
-        "2+1=<<2+1=3>>3 bolts of fabric\n#### 3",
-    },
-    {
-        "question": "Josh decides to try flipping a house. He buys a house for $80,000 and then puts in $50,000 "
-        "in repairs. This increased the value of the house by 150%. How much profit did he make?",
-        "answer": "The cost of the house and repairs came out to 80,000+50,000=$<<80000+50000=130000>>130,000\n"
-        "He increased the value of the house by 80,000*1.5=<<80000*1.5=120000>>120,000\nSo the new value of the "
-        "house is 120,000+80,000=$<<120000+80000=200000>>200,000\nSo he made a profit of "
-        "200,000-130,000=$<<200000-130000=70000>>70,000\n#### 70000",
-    },
-]
 
 
 def gsm8k_test(n: int) -> list[dict]:
-    if GSM8K_TEST.exists():
-        with open(GSM8K_TEST) as f:
-            return [json.loads(line) for _, line in zip(range(n), f)]
-    return FALLBACK_TEST[:n]
+    return gsm8k_items("test", n)
 
 
 @pytest.fixture(scope="module")
