@@ -128,7 +128,12 @@ def _attention_case(torch, device, batch, nodes, heads, prefix, gen):
     kv = torch.randn(total, 1, 576, generator=gen).to(dt)
     to = lambda t: t.to(device)  # noqa: E731
     return dict(
-        q=to(q), kv=to(kv), r2t=to(req_to_token), pool=to(torch.arange(batch)), prefix=to(prefix_lens), mask=to(mask),
+        q=to(q),
+        kv=to(kv),
+        r2t=to(req_to_token),
+        pool=to(torch.arange(batch)),
+        prefix=to(prefix_lens),
+        mask=to(mask),
         lengths=lengths,
     )
 
@@ -165,7 +170,19 @@ def _sglang_decode_baseline(torch, case, heads, nodes, scale):
 
     def run(q):
         decode_attention_fwd(
-            q, kv, kv[..., :512], out, kv_indptr, kv_indices, logits, lse, splits, max_splits, scale, 1.0, 1.0,
+            q,
+            kv,
+            kv[..., :512],
+            out,
+            kv_indptr,
+            kv_indices,
+            logits,
+            lse,
+            splits,
+            max_splits,
+            scale,
+            1.0,
+            1.0,
             has_mla=True,
         )
         return out
@@ -211,17 +228,34 @@ def bench_attention(ctx):
             ms, ms2 = timer(fn, qs), timer(fn, qs)
             kernel_ms = kernel_ms or ms
             gbs = floor_bytes / ms / 1e6
-            rows.append({**row, "impl": impl, "ms": ms, "ms_again": ms2, "GB/s": gbs,
-                         "of_copy": gbs / ctx["copy_gbs"] if ctx.get("copy_gbs") else None})
-        ref_ms = timer(lambda q: tm.tree_mla_attention_ref(q, *common), qs[:1]) if batch * nodes * heads <= 8192 else None
+            rows.append(
+                {
+                    **row,
+                    "impl": impl,
+                    "ms": ms,
+                    "ms_again": ms2,
+                    "GB/s": gbs,
+                    "of_copy": gbs / ctx["copy_gbs"] if ctx.get("copy_gbs") else None,
+                }
+            )
+        ref_ms = (
+            timer(lambda q: tm.tree_mla_attention_ref(q, *common), qs[:1]) if batch * nodes * heads <= 8192 else None
+        )
         rows.append({**row, "impl": "torch twin", "ms": ref_ms, "x_vs_kernel": ref_ms / kernel_ms if ref_ms else None})
         base = _sglang_decode_baseline(torch, case, heads, nodes, scale)
         if callable(base):
             mine = tm.tree_mla_attention(case["q"], *common).float()
             err = float((base(case["q"]).float() - mine).norm() / mine.norm())  # the same function, computed twice
             ms = timer(base, qs)
-            rows.append({**row, "impl": "SGLang MLA decode (B*N queries)", "ms": ms, "x_vs_kernel": ms / kernel_ms,
-                         "note": f"rel. diff vs tree kernel {err:.1e}"})
+            rows.append(
+                {
+                    **row,
+                    "impl": "SGLang MLA decode (B*N queries)",
+                    "ms": ms,
+                    "x_vs_kernel": ms / kernel_ms,
+                    "note": f"rel. diff vs tree kernel {err:.1e}",
+                }
+            )
         else:
             rows.append({**row, "impl": "SGLang MLA decode (B*N queries)", "note": base})
     return rows
@@ -250,9 +284,18 @@ def bench_ddtree(ctx):
     return [
         {**row, "impl": "rank (top-K of logits - log-sum-exp)", "ms": rank_ms},
         {**row, "impl": "build kernel", "ms": kernel_ms, "ms_again": kernel_ms2},
-        {**row, "impl": "build_ddtree (torch, incl. ranking)", "ms": torch_ms, "x_vs_kernel": torch_ms / (kernel_ms + rank_ms)},
-        {**row, "impl": "reference heap per request (incl. ranking)", "ms": heap_ms,
-         "x_vs_kernel": heap_ms / (kernel_ms + rank_ms)},
+        {
+            **row,
+            "impl": "build_ddtree (torch, incl. ranking)",
+            "ms": torch_ms,
+            "x_vs_kernel": torch_ms / (kernel_ms + rank_ms),
+        },
+        {
+            **row,
+            "impl": "reference heap per request (incl. ranking)",
+            "ms": heap_ms,
+            "x_vs_kernel": heap_ms / (kernel_ms + rank_ms),
+        },
     ]
 
 
@@ -287,13 +330,21 @@ def bench_verify(ctx):
         case = f"B={batch} N={nodes} V={vocab}"
         g_ms = timer(lambda: tv.tree_verify(*args, num_spec_tokens=spec, target_logits=logits, block_v=block_v), [()])
         g_ref = timer(lambda: walk_tree(tree, target_logits=logits), [()])
-        s_kw = dict(num_spec_tokens=spec, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final)
+        s_kw = dict(
+            num_spec_tokens=spec, target_probs=probs, uniform_samples=coins, uniform_samples_for_final_sampling=final
+        )
         s_ms = timer(lambda: tv.tree_verify(*args, block_v=block_v, **s_kw), [()])
         twin_coins = Coins(coins, final[:, None].expand(batch, nodes))
         s_ref = timer(lambda: walk_tree(tree, target_probs=probs, coins=twin_coins), [()])
         rows += [
             {"section": "verify", "case": case, "impl": "greedy kernel (logits)", "ms": g_ms},
-            {"section": "verify", "case": case, "impl": "greedy torch twin (argmax all nodes)", "ms": g_ref, "x_vs_kernel": g_ref / g_ms},
+            {
+                "section": "verify",
+                "case": case,
+                "impl": "greedy torch twin (argmax all nodes)",
+                "ms": g_ref,
+                "x_vs_kernel": g_ref / g_ms,
+            },
             {"section": "verify", "case": case, "impl": "sampled kernel", "ms": s_ms},
             {"section": "verify", "case": case, "impl": "sampled torch twin", "ms": s_ref, "x_vs_kernel": s_ref / s_ms},
         ]
@@ -342,15 +393,24 @@ def bench_moe(ctx):
                 "plugin table": plugin[min(plugin, key=lambda m: abs(m - M))],
                 "SGLang choice": sglang_table[min(sglang_table, key=lambda m: abs(m - M))]
                 if sglang_table
-                else get_default_config(M, info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, info["dtype"], False, block),
+                else get_default_config(
+                    M, info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, info["dtype"], False, block
+                ),
             }
             results = {}
             for impl, cfg in choices.items():
                 with override_config(cfg):
                     results[impl] = timer(lambda: fused_experts(x, w1, w2, topk_out, runner, **kw), [()])
             for impl, ms in results.items():
-                rows.append({"section": "moe", "case": f"{name[:-5]} M={M}", "impl": impl, "ms": ms,
-                             "x_vs_sglang": results["SGLang choice"] / ms})
+                rows.append(
+                    {
+                        "section": "moe",
+                        "case": f"{name[:-5]} M={M}",
+                        "impl": impl,
+                        "ms": ms,
+                        "x_vs_sglang": results["SGLang choice"] / ms,
+                    }
+                )
     return rows
 
 
@@ -358,8 +418,19 @@ def bench_moe(ctx):
 
 
 def print_table(rows):
-    cols = ["section", "case", "impl", "ms", "ms_again", "GB/s", "of_copy", "x_vs_kernel", "x_vs_sglang", "same_tree",
-            "note"]
+    cols = [
+        "section",
+        "case",
+        "impl",
+        "ms",
+        "ms_again",
+        "GB/s",
+        "of_copy",
+        "x_vs_kernel",
+        "x_vs_sglang",
+        "same_tree",
+        "note",
+    ]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
 
     def fmt(v):
@@ -390,8 +461,13 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cpu") if args.interpret_smoke else torch.device("cuda", torch.cuda.current_device())
     warmup, reps = (0, 1) if args.interpret_smoke else (args.warmup, args.reps)
-    ctx = {"torch": torch, "device": device, "timer": Timer(torch, device, warmup, reps),
-           "smoke": args.interpret_smoke, "quick": args.quick}
+    ctx = {
+        "torch": torch,
+        "device": device,
+        "timer": Timer(torch, device, warmup, reps),
+        "smoke": args.interpret_smoke,
+        "quick": args.quick,
+    }
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
     if unknown:

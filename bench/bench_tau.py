@@ -36,12 +36,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
+
+from sglang_kimi.models import tiny
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer, generate
-
-from sglang_kimi.models import tiny
 
 ASSETS = REPO / "sglang_kimi" / "assets"
 RESULTS = REPO / "bench" / "results"

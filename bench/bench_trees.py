@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+
 from sglang_kimi.speculators.ddtree import build_ddtree
 from sglang_kimi.speculators.reference.heap import ddtree_heap
 from sglang_kimi.speculators.trees import DraftTree

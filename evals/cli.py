@@ -175,8 +175,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_gsm8k(args: argparse.Namespace) -> int:
     from sglang_kimi.evals import report
     from sglang_kimi.evals.gsm8k import run_gate
-    from sglang_kimi.evals.servers import check_same_model, launch_pair, probe, split_args
     from sglang_kimi.evals.gsm8k_task import task_spec
+    from sglang_kimi.evals.servers import check_same_model, launch_pair, probe, split_args
 
     cfg = _gate_config(args)
     _check_eval_servers(args)

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from tqdm.auto import tqdm
 
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.evals.gsm8k_task import TaskSpec
 from sglang_kimi.evals.servers import Server
 from sglang_kimi.evals.stats import Comparison, compare, significant_drop
-from sglang_kimi.evals.gsm8k_task import TaskSpec
 
 FILTERS = ("flexible-extract", "strict-match")
 DEFAULT_SEED = 1234  # lm-eval's default few-shot seed; seed i of a count is DEFAULT_SEED + i

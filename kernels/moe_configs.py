@@ -262,4 +262,3 @@ def moe_override_state() -> list[dict]:
             }
         )
     return rows
-

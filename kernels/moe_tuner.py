@@ -213,7 +213,6 @@ def search_space(dtype: str, block_shape, is_rocm: bool) -> list[dict]:
 def _make_moe_inputs(E, N, hidden, topk, dtype, block_shape, group_size, M, device, gen):
     """Random weights and routing for one M (never zeros), in the layouts SGLang's fused_moe takes."""
     import torch
-
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     x = torch.randn(M, hidden, device=device, dtype=torch.bfloat16, generator=gen)
@@ -250,7 +249,6 @@ def _make_moe_inputs(E, N, hidden, topk, dtype, block_shape, group_size, M, devi
 def _time_config(run, config, warmup, iters) -> float:
     """Median milliseconds of ``run()`` under ``override_config(config)`` (CUDA events)."""
     import torch
-
     from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
 
     with override_config(config):
@@ -288,10 +286,9 @@ def tune_moe(
     fastest, and write the table in SGLang's format to ``output_dir`` (merged over the table SGLang or the plugin
     would use today, so rows for other M stay). Returns the file's path. GPU only."""
     import torch
-    from tqdm import tqdm
-
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+    from tqdm import tqdm
 
     if not torch.cuda.is_available():
         raise SystemExit("error: tuning the fused-MoE kernel needs a CUDA or ROCm GPU")
@@ -362,4 +359,3 @@ def _current_table(name: str) -> dict[int, dict]:
     except Exception:  # noqa: BLE001 - no SGLang table: the tuned rows alone
         pass
     return {}
-

@@ -159,7 +159,9 @@ def compile_launch(launch: Launch, target_name: str) -> dict:
         raise RuntimeError("resource_report needs Triton's compiler: run it without TRITON_INTERPRET")
     sig, constexprs, options = signature(launch)
     backend, arch, warp = TARGETS[target_name]
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs), target=GPUTarget(backend, arch, warp), options=options)
+    compiled = triton.compile(
+        ASTSource(kernel, sig, constexprs), target=GPUTarget(backend, arch, warp), options=options
+    )
     row = {
         "kernel": launch.name,
         "target": target_name,

@@ -70,7 +70,6 @@ GREEDY_LOGITS = 1  # target is logits [B, N, V]; argmax computed at visited node
 SAMPLED = 2  # target is probabilities [B, N, V]
 
 
-
 @dataclass
 class TreeVerifyOutput:
     predicts: torch.Tensor  # [B*N] int32, see module docstring
@@ -189,9 +188,7 @@ if triton is not None:
             # pass 1: residual mass R, block by block (the same block sums pass 2 accumulates)
             total = 0.0
             for start in range(0, vocab, BLOCK_V):
-                vals = tl.load(target_ptr + row + start + offs_v, mask=start + offs_v < vocab, other=0.0).to(
-                    tl.float32
-                )
+                vals = tl.load(target_ptr + row + start + offs_v, mask=start + offs_v < vocab, other=0.0).to(tl.float32)
                 in_blk = (rej_tok >= start) & (rej_tok < start + BLOCK_V)
                 total += tl.sum(vals, 0) - tl.sum(tl.where(in_blk, rej_p, 0.0), 0)
             u = tl.load(final_coins_ptr + b * stride_fb + cur * stride_fn) * total

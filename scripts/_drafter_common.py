@@ -22,10 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from sglang_kimi.models import tiny
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.loop import Target, TargetOutput
-
-from sglang_kimi.models import tiny
 
 GSM8K_DIR = REPO / "data" / "gsm8k"
 PROMPT_FORMAT = "Question: {q}\nAnswer:"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Load drafter checkpoints with SGLang's own config reader and model classes (CPU, world size 1).
 
-    python scripts/_drafter_sglang_check.py sglang_kimi/assets/tiny-kimi-k2.6-dflash sglang_kimi/assets/tiny-kimi-k2.6-eagle3
+    python scripts/_drafter_sglang_check.py sglang_kimi/assets/tiny-kimi-k2.6-dflash \
+        sglang_kimi/assets/tiny-kimi-k2.6-eagle3
 
 For each folder: SGLang's ``get_config`` reads config.json; DFlash configs go through
 ``dflash_utils.parse_dflash_draft_config`` (block size, target layer ids, mask token id); the model class named by
@@ -51,6 +52,7 @@ def check(path: Path) -> dict:
     from safetensors.torch import load_file
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.utils.hf_transformers_utils import get_config
+
     from sglang_kimi.speculators.reference import dflash, eagle3
     from sglang_kimi.speculators.reference.layers import rope_for
 

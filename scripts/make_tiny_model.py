@@ -43,9 +43,8 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
-
 from sglang_kimi.models import tiny  # noqa: E402
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 DEFAULT_DATA_DIR = REPO / "data" / "gsm8k"
 
@@ -269,8 +268,10 @@ def train(model: CompactDeepseekV3, batches, args, evaluate=None) -> list[float]
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if evaluate is not None and args.eval_every and (step + 1) % args.eval_every == 0:
             model.eval()
-            bar.write(f"step {step + 1}: train loss {sum(losses[-20:]) / len(losses[-20:]):.3f}, "
-                      f"held-out answer NLL {evaluate(model):.3f}")
+            bar.write(
+                f"step {step + 1}: train loss {sum(losses[-20:]) / len(losses[-20:]):.3f}, "
+                f"held-out answer NLL {evaluate(model):.3f}"
+            )
             model.train()
     return losses
 
@@ -372,8 +373,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine decay to 10%%)")
     ap.add_argument("--warmup", type=int, default=50, help="linear warmup steps")
     ap.add_argument("--bias-update", type=float, default=1e-3, help="routing-bias step (aux-loss-free balancing)")
-    ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 4),
-                    help="torch CPU threads (use 1 on a machine busy with other work: oversubscription is slow)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=min(os.cpu_count() or 1, 4),
+        help="torch CPU threads (use 1 on a machine busy with other work: oversubscription is slow)",
+    )
     ap.add_argument("--samples", type=int, default=3, help="greedy GSM8K test continuations to print")
     ap.add_argument("--eval-every", type=int, default=100, help="print held-out answer NLL every N steps (0: off)")
     args = ap.parse_args(argv)
@@ -387,7 +392,9 @@ def main(argv: list[str] | None = None) -> None:
     test_rows = read_jsonl(args.data_dir / "test.jsonl")
 
     fast = build_tokenizer(train_rows)
-    print(f"tokenizer: {len(fast)} tokens ({tiny.NUM_BPE_TOKENS} BPE + {tiny.VOCAB_SIZE - tiny.NUM_BPE_TOKENS} specials)")
+    print(
+        f"tokenizer: {len(fast)} tokens ({tiny.NUM_BPE_TOKENS} BPE + {tiny.VOCAB_SIZE - tiny.NUM_BPE_TOKENS} specials)"
+    )
 
     model = CompactDeepseekV3(tiny.TEXT_CONFIG)
     init_weights(model)
@@ -412,15 +419,20 @@ def main(argv: list[str] | None = None) -> None:
     saved = CompactDeepseekV3.from_pretrained(args.out)
     nll = answer_nll(saved, fast, test_rows[:20])
     biases = torch.stack([m.e_score_correction_bias for m in saved.moe_layers()])
-    vision = sum(math.prod(s) for n, s in tiny.checkpoint_weight_shapes(tiny.kimi_config()).items()
-                 if not n.startswith("language_model."))
+    vision = sum(
+        math.prod(s)
+        for n, s in tiny.checkpoint_weight_shapes(tiny.kimi_config()).items()
+        if not n.startswith("language_model.")
+    )
     print("\n==== tiny Kimi-K2.6 ====")
     print(f"parameters: text {n_params:,} + vision {vision:,} = {n_params + vision:,}")
     print(f"asset: {args.out} {dir_size(args.out) / 1e6:.2f} MB")
     for f in sorted(args.out.iterdir()):
         print(f"  {f.name:28s} {f.stat().st_size / 1e6:8.3f} MB")
-    print(f"training: {args.steps} steps x {args.batch_size} x {args.seq_len} tokens in {train_s / 60:.1f} min "
-          f"({args.steps * args.batch_size * args.seq_len / train_s:.0f} tok/s)")
+    print(
+        f"training: {args.steps} steps x {args.batch_size} x {args.seq_len} tokens in {train_s / 60:.1f} min "
+        f"({args.steps * args.batch_size * args.seq_len / train_s:.0f} tok/s)"
+    )
     print(f"final train loss (mean of last 20 steps): {final_loss:.3f}")
     print(f"held-out NLL of reference answers (20 test questions, bf16 asset): {nll:.3f} nats/token")
     print(f"e_score_correction_bias: |b| mean {biases.abs().mean():.3f}, max {biases.abs().max():.3f}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train the DFlash and EAGLE3 drafters of the embedded tiny Kimi-K2.6, on CPU, seeded, in the published formats.
 
-    python scripts/train_drafters.py                          # both, writes sglang_kimi/assets/tiny-kimi-k2.6-{dflash,eagle3}/
+    python scripts/train_drafters.py   # both: sglang_kimi/assets/tiny-kimi-k2.6-{dflash,eagle3}/
     python scripts/train_drafters.py --prompts 64 --minutes 1 --out-dir /tmp/drafters   # smoke run
 
 Steps:
@@ -43,12 +43,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _drafter_common as common
+
+from sglang_kimi.models import tiny
 from sglang_kimi.speculators import configs
 from sglang_kimi.speculators.reference import dflash, eagle3
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.loop import ChainProposer, EagleProposer, generate
-
-from sglang_kimi.models import tiny
 
 REPO = common.REPO
 ASSETS = REPO / "sglang_kimi" / "assets"

@@ -10,8 +10,8 @@ import argparse
 import signal
 import sys
 
-from sglang_kimi.version import __version__
 from sglang_kimi.demo import MODES
+from sglang_kimi.version import __version__
 
 SERVE_EPILOG = """\
 Every argument not listed above goes to `python -m sglang.launch_server` unchanged. Defaults added when not

@@ -22,9 +22,9 @@ from sglang_kimi.server import (
     ASSETS_DIR,
     TINY_DFLASH,
     TINY_EAGLE3,
+    fetch_plugin_state,
     free_port,
     has_gpu,
-    fetch_plugin_state,
     require_sglang,
     start_server,
 )
@@ -37,12 +37,24 @@ MODES: dict[str, list[str]] = {
     "autoregressive": [],
     "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)],
     "dflash-tree": [
-        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH),
-        "--speculative-dflash-tree-budget", "16",
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(TINY_DFLASH),
+        "--speculative-dflash-tree-budget",
+        "16",
     ],
     "eagle3-tree": [
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
-        "--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(TINY_EAGLE3),
+        "--speculative-num-steps",
+        "4",
+        "--speculative-eagle-topk",
+        "4",
+        "--speculative-num-draft-tokens",
+        "12",
     ],
 }
 CPU_ARGS = ["--attention-backend", "kimi_cpu"]  # the plugin's CPU backend: chains, trees, drafts
@@ -157,7 +169,9 @@ def exit_code(results: list[ModeResult]) -> int:
     reference = results[0]
     problems = [f"{r.name}: the plugin's registration failed" for r in results if registration_failed(r)]
     problems += [
-        f"{r.name}: an answer differs from {reference.name}'s" for r in results[1:] if not matches_reference(r, reference)
+        f"{r.name}: an answer differs from {reference.name}'s"
+        for r in results[1:]
+        if not matches_reference(r, reference)
     ]
     for problem in problems:
         print(f"demo: {problem}", file=sys.stderr)

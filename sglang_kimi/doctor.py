@@ -6,11 +6,11 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
 
-from sglang_kimi.version import SUPPORTED_SGLANG, __version__
 from sglang_kimi.server import SGLANG_INSTALL_HINT, TINY_MODEL, has_gpu, sglang_env
+from sglang_kimi.version import SUPPORTED_SGLANG, __version__
 
 PACKAGES = ("sglang", "torch", "triton", "transformers", "amd-aiter", "lm-eval")
 STATE_MARK = "SGLANG_KIMI_STATE="
@@ -24,7 +24,9 @@ from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins
 load_plugins()
 from sglang_kimi.plugin import registration_state
 from sglang_kimi.kernels import active_overrides
-report = {{"plugin": registration_state(), "kernel_overrides": active_overrides(), "plugin_group": GENERAL_PLUGINS_GROUP}}
+report = {{
+    "plugin": registration_state(), "kernel_overrides": active_overrides(), "plugin_group": GENERAL_PLUGINS_GROUP
+}}
 if "strict" in sys.argv[1:]:
     from sglang_kimi.audit import audit
     report["audit"] = audit()
@@ -59,7 +61,7 @@ def probe_registration(cpu: bool, strict: bool = False) -> tuple[dict | None, st
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     for line in result.stdout.splitlines():
         if line.startswith(STATE_MARK):
-            return json.loads(line[len(STATE_MARK):]), ""
+            return json.loads(line[len(STATE_MARK) :]), ""
     return None, (result.stderr or result.stdout)[-2000:]
 
 
@@ -67,8 +69,24 @@ def probe_registration(cpu: bool, strict: bool = False) -> tuple[dict | None, st
 # What text-only serving (--language-model-only) saves: read from the safetensors headers, no weight is loaded.
 
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-                "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 def safetensors_header(path: Path) -> dict:
@@ -240,8 +258,10 @@ def print_report(report: dict) -> None:
         print(f"text-only serving (--language-model-only) of {saved['model_path']}:")
         print(f"  vision tower  {_mib(saved['vision_tower_bytes']):>12}  ({saved['vision_tower_tensors']} tensors)")
         print(f"  mm projector  {_mib(saved['mm_projector_bytes']):>12}  ({saved['mm_projector_tensors']} tensors)")
-        print(f"  not loaded    {_mib(saved['skipped_bytes']):>12}  = {100 * saved['skipped_fraction']:.2f}% of the "
-              f"{_mib(saved['checkpoint_bytes'])} checkpoint")
+        print(
+            f"  not loaded    {_mib(saved['skipped_bytes']):>12}  = {100 * saved['skipped_fraction']:.2f}% of the "
+            f"{_mib(saved['checkpoint_bytes'])} checkpoint"
+        )
     if report.get("strict"):
         audit = report.get("audit")
         if audit is None:

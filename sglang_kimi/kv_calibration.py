@@ -58,7 +58,9 @@ def server_kv_state(base_url: str) -> dict:
         raise CalibrationError(f"no SGLang server answers at {base_url} ({exc}): start one or fix --base-url")
     kv = state.get("kv_scales")
     if kv is None:
-        raise CalibrationError(f"the server at {base_url} does not run the sglang-kimi plugin: `pip install sglang-kimi`")
+        raise CalibrationError(
+            f"the server at {base_url} does not run the sglang-kimi plugin: `pip install sglang-kimi`"
+        )
     return kv
 
 
@@ -89,8 +91,12 @@ def calibrate(
         )
 
     def run(prompt: str) -> list[int]:
-        body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
-                "return_logprob": True, "logprob_start_len": 0}
+        body = {
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
         response = requests.post(base_url + "/generate", json=body, timeout=600)
         response.raise_for_status()
         out = response.json()
@@ -114,7 +120,10 @@ def run_calibrate_kv(args) -> int:
     rule = replace(ScaleRule(), headroom=args.headroom)
     prompts = calibration_prompts(args.data_dir, args.num_prompts)
     doc, sequences = calibrate(
-        args.base_url.rstrip("/"), prompts, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency,
+        args.base_url.rstrip("/"),
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency,
         rule=rule,
     )
     out = Path(args.out).expanduser()
@@ -126,8 +135,10 @@ def run_calibrate_kv(args) -> int:
         layers = (doc.get(role) or {}).get("layers") or {}
         if layers:
             worst = max(layers.items(), key=lambda kv: kv[1]["k_amax"])
-            print(f"  {role}: {len(layers)} layers; largest |KV| {worst[1]['k_amax']:.4g} (layer {worst[0]}), "
-                  f"scale {worst[1]['k_scale']:g}")
+            print(
+                f"  {role}: {len(layers)} layers; largest |KV| {worst[1]['k_amax']:.4g} (layer {worst[0]}), "
+                f"scale {worst[1]['k_scale']:g}"
+            )
     print(f"serve with {ENV}={out} and --kv-cache-dtype fp8_e4m3")
     return 0
 
@@ -146,5 +157,9 @@ def add_calibrate_kv_parser(sub) -> None:
     parser.add_argument("--num-prompts", type=int, default=64, help="calibration prompts (default 64)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
-    parser.add_argument("--headroom", type=float, default=ScaleRule().headroom,
-                        help="room above the observed maxima (default %(default)s)")
+    parser.add_argument(
+        "--headroom",
+        type=float,
+        default=ScaleRule().headroom,
+        help="room above the observed maxima (default %(default)s)",
+    )

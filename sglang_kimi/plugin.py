@@ -45,8 +45,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
     ),
     Entry(
         "server-info",
-        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
-        ".get_internal_state",
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
         "sglang_kimi.server_info:install_server_info",
         "reports the plugin's version and this table's outcome in /server_info from the scheduler process",
     ),
@@ -72,7 +71,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend",
         "sglang_kimi.cpu.draft_backends:install_draft_backends",
         "EAGLE's draft backends for kimi_cpu: DraftBackendFactory refuses names outside its hard-coded map "
-        "(\"EAGLE is not supported in decode attention backend kimi_cpu\")",
+        '("EAGLE is not supported in decode attention backend kimi_cpu")',
         when=CPU_ONLY,
     ),
     Entry(
@@ -289,8 +288,8 @@ def _version() -> str:
 def registration_state() -> dict:
     """The plugin's registrations in this process, as reported in /server_info and by `doctor`: each entry's
     outcome, with "ok" hooks that SGLang then failed to apply reported as failed."""
-    from sglang_kimi.version import SUPPORTED_SGLANG
     from sglang_kimi.hooks import hook_applied, registered_targets
+    from sglang_kimi.version import SUPPORTED_SGLANG
 
     status = dict(STATUS)
     hooked = registered_targets()

@@ -21,9 +21,7 @@ from sglang_kimi.hooks import hook
 def _check_token_ids(input_ids, vocab_size: int) -> None:
     for position, token in enumerate(input_ids):
         if isinstance(token, bool) or not isinstance(token, int):
-            raise ValueError(
-                f"input_ids[{position}] is {token!r}: token ids must be integers in [0, {vocab_size})"
-            )
+            raise ValueError(f"input_ids[{position}] is {token!r}: token ids must be integers in [0, {vocab_size})")
         if not 0 <= token < vocab_size:
             raise ValueError(
                 f"input_ids[{position}] is {token}, outside the vocabulary: token ids must be in [0, {vocab_size})"
@@ -38,8 +36,7 @@ def _check_input_embeds(input_embeds, hidden_size: int) -> None:
         if not isinstance(row, list) or len(row) != hidden_size:
             width = len(row) if isinstance(row, list) else type(row).__name__
             raise ValueError(
-                f"input_embeds[{position}] has width {width}: every row must have the model's hidden size "
-                f"{hidden_size}"
+                f"input_embeds[{position}] has width {width}: every row must have the model's hidden size {hidden_size}"
             )
 
 

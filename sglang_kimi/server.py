@@ -23,8 +23,8 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.version import SUPPORTED_SGLANG
 from sglang_kimi.cpu import KIMI_CPU_BACKEND
+from sglang_kimi.version import SUPPORTED_SGLANG
 
 SHIMS_DIR = Path(__file__).parent / "cpu" / "shims"
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -386,5 +386,3 @@ def fetch_plugin_state(base_url: str) -> dict:
     info = requests.get(base_url + "/server_info", timeout=30).json()
     states = info.get("internal_states") or [{}]
     return states[0].get("sglang_kimi") or {}
-
-

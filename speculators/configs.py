@@ -319,7 +319,6 @@ class DFlashConfig:
         """``1 + 0.1 ln f`` for a YaRN config (the value z-lab's drafters were trained with); None without YaRN."""
         return None if self.rope_scaling is None else legacy_yarn_attention_factor(self.rope_scaling)
 
-
     def summary(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "extra"}
 
@@ -525,7 +524,6 @@ class Eagle3Config:
     def resolve_target_layer_ids(self, target_num_layers: int) -> list[int]:
         """The captured features as layer-output ids l (HF ``hidden_states[l + 1]``; -1 = the embeddings)."""
         return [c - 1 for c in self.capture_points(target_num_layers)]
-
 
 
 def drafter_algorithm(draft_config: Any) -> str:

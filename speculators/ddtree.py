@@ -49,9 +49,7 @@ def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     return torch.cat([r[0] for r in ranked]).view(shape), torch.cat([r[1] for r in ranked]).view(shape)
 
 
-def shard_candidates(
-    logits: torch.Tensor, k: int, vocab_start: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def shard_candidates(logits: torch.Tensor, k: int, vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One vocabulary shard's candidates for :func:`merge_shard_candidates`.
 
     logits [n, V_shard] (this shard's raw logits, global ids ``vocab_start ..``) -> (values [n, k] raw logits,

@@ -28,8 +28,8 @@ from typing import Any
 
 from .configs import (
     DFLASH,
-    EAGLE3,
     DFLASH_ARCHITECTURES,
+    EAGLE3,
     EAGLE3_ARCHITECTURES,
     DFlashConfig,
     Eagle3Config,
@@ -37,10 +37,6 @@ from .configs import (
     load_config_dict,
     parse_drafter_config,
 )
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -70,8 +66,6 @@ class DrafterMismatchError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 # Reading configs
 # ---------------------------------------------------------------------------------------------------------------
-
-
 
 
 @dataclass(frozen=True)
@@ -109,10 +103,6 @@ class TargetInfo:
     def capturable_layer_ids(self) -> range:
         """Layer ids whose output SGLang's DeepSeek-V3 target can capture (0..L-2)."""
         return range(self.num_hidden_layers - 1)
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------

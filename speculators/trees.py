@@ -233,10 +233,6 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     return top, idx.gather(-1, by_value)
 
 
-
-
-
-
 # EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].
 EagleStepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

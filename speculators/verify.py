@@ -81,9 +81,7 @@ class VerifyResult:
         bonus = output.gather(1, num_accepted[:, None])[:, 0]
         return cls(accepted, num_accepted, bonus, output)
 
-    def to_sglang(
-        self, predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
-    ) -> None:
+    def to_sglang(self, predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor) -> None:
         """Write this result into SGLang's buffers (``predicts`` [B*N], ``accept_index`` [B, D+1],
         ``accept_token_num`` [B]); entries of ``predicts`` off the path are left as they were."""
         batch, width = self.accepted_nodes.shape

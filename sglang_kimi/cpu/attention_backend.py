@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
-
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
@@ -181,9 +180,7 @@ class KimiCpuAttnBackend(AttentionBackend):
 
     def _save_kv(self, layer, forward_batch, k, v, save_kv_cache):
         if save_kv_cache and k is not None and v is not None:
-            cache_loc = (
-                forward_batch.encoder_out_cache_loc if layer.is_cross_attention else forward_batch.out_cache_loc
-            )
+            cache_loc = forward_batch.encoder_out_cache_loc if layer.is_cross_attention else forward_batch.out_cache_loc
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(cache_loc, physical=forward_batch.out_cache_loc_is_physical), k, v
             )
@@ -197,14 +194,12 @@ class KimiCpuAttnBackend(AttentionBackend):
         if layer.is_cross_attention:
             raise NotImplementedError(f"the {BACKEND_NAME} attention backend does not support cross-attention")
 
-    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True,
-                       **kwargs):
+    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kwargs):
         self._check_layer(layer, kwargs)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         return self._attend_groups(q, layer, self.forward_metadata)
 
-    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True,
-                       **kwargs):
+    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kwargs):
         self._check_layer(layer, kwargs)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         if forward_batch.forward_mode.is_target_verify():

@@ -38,18 +38,21 @@ def install_attention_backend(target: str):
     return None
 
 
-def _create_draft_backend_with_kimi_cpu(original, self, backend_name, backend_map, error_template,
-                                        stamps_children=False):
+def _create_draft_backend_with_kimi_cpu(
+    original, self, backend_name, backend_map, error_template, stamps_children=False
+):
     """``DraftBackendFactory._create_backend`` with ``kimi_cpu`` in its backend map: the multi-step draft decode
     backend when it builds one (``stamps_children``), the plain backend for EAGLE's draft extend."""
     from sglang_kimi.cpu.attention_backend import KimiCpuAttnBackend, KimiCpuMultiStepDraftBackend
 
     if stamps_children:
+
         def create():
             return BACKEND_NAME, KimiCpuMultiStepDraftBackend(
                 self.draft_model_runner, self.topk, self.speculative_num_steps
             )
     else:
+
         def create():
             return BACKEND_NAME, KimiCpuAttnBackend(self.draft_model_runner)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Iterable, Tuple
 
 import torch
-from torch import nn
-
 from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as _UpstreamKimiK25
+from torch import nn
 
 ARCH = "KimiK25ForConditionalGeneration"
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")

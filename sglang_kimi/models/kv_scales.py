@@ -124,8 +124,15 @@ class LayerScale:
         return (self.k_scale, self.v_scale) != old
 
     def as_json(self) -> dict:
-        return {"k_scale": self.k_scale, "v_scale": self.v_scale, "k_amax": self.k_amax, "v_amax": self.v_amax,
-                "tokens": self.tokens, "frozen": self.frozen, "mla": self.mla}
+        return {
+            "k_scale": self.k_scale,
+            "v_scale": self.v_scale,
+            "k_amax": self.k_amax,
+            "v_amax": self.v_amax,
+            "tokens": self.tokens,
+            "frozen": self.frozen,
+            "mla": self.mla,
+        }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,7 +188,9 @@ def read_scales(path: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
     except json.JSONDecodeError as exc:
         raise KVScalesError(f"{ENV}={path} is not JSON ({exc}): write it with `sglang-kimi calibrate-kv`")
     if doc.get("format") != FORMAT:
-        raise KVScalesError(f"{path} is not a KV scale file ({FORMAT!r} expected): write it with `sglang-kimi calibrate-kv`")
+        raise KVScalesError(
+            f"{path} is not a KV scale file ({FORMAT!r} expected): write it with `sglang-kimi calibrate-kv`"
+        )
     out: dict[str, dict[int, tuple[float, float]]] = {}
     for role in (TARGET, DRAFT):
         for layer, entry in ((doc.get(role) or {}).get("layers") or {}).items():
@@ -276,7 +285,8 @@ def _mla_backend_ok(role: str) -> bool:
     logger.warning(
         "sglang-kimi: FP8 KV scales are not applied to the %s's MLA layers: attention backend(s) %s ignore "
         "layer.k_scale for the MLA latent cache (values above 448 clip). Use --attention-backend triton.",
-        role, ", ".join(sorted(backends)),
+        role,
+        ", ".join(sorted(backends)),
     )
     return False
 
@@ -321,7 +331,10 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
                 "sglang-kimi: FP8 KV cache with dynamic scales needs --disable-cuda-graph (CUDA graphs bake the "
                 "scale at capture); keeping scale 1.0 for the %s. Calibrate once instead: start a server with "
                 "%s=observe, run `sglang-kimi calibrate-kv --base-url URL --out kv_scales.json`, then serve with "
-                "%s=kv_scales.json", role, ENV, ENV,
+                "%s=kv_scales.json",
+                role,
+                ENV,
+                ENV,
             )
             return "dynamic refused (CUDA graphs)"
         for layer in layers:

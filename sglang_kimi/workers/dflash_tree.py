@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 
 import torch
-
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
@@ -37,7 +36,12 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from sglang_kimi.options import debug_greedy_verify, plugin_args
-from sglang_kimi.speculators.ddtree import build_ddtree_ranked, merge_shard_candidates, rank_draft_logits, shard_candidates
+from sglang_kimi.speculators.ddtree import (
+    build_ddtree_ranked,
+    merge_shard_candidates,
+    rank_draft_logits,
+    shard_candidates,
+)
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order

@@ -50,9 +50,7 @@ def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -
     top_k = per_row(sampling_info.top_ks).long()
     top_k = torch.where(top_k >= SGLANG_TOP_K_ALL, TOP_K_ALL, top_k)
     min_p = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else 0.0
-    return process_logits(
-        logits, per_row(sampling_info.temperatures), top_k, per_row(sampling_info.top_ps), min_p
-    )
+    return process_logits(logits, per_row(sampling_info.temperatures), top_k, per_row(sampling_info.top_ps), min_p)
 
 
 def verify_coins(sampling_info, offsets: torch.Tensor, batch: int, num_slots: int) -> Coins:

@@ -24,15 +24,15 @@ same; see :func:`yarn_attention_factor`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..configs import DrafterConfigError, DFlashConfig
+from ..configs import DFlashConfig, DrafterConfigError
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
 

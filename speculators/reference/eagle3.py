@@ -28,15 +28,15 @@ points, i.e. the outputs of layers c-1; absent, the capture points are [2, L//2,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..configs import DrafterConfigError, GQA, Eagle3Config, yarn_get_mscale
+from ..configs import GQA, DrafterConfigError, Eagle3Config, yarn_get_mscale
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
 

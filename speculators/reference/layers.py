@@ -76,7 +76,6 @@ class Rope:
         return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
-
 def rope_for(config: DFlashConfig | Eagle3Config) -> Rope:
     """The drafter's RoPE: Qwen3 neox halves (DFlash, EAGLE3 GQA) or DeepSeek YaRN on the rope dims (EAGLE3 MLA)."""
     if isinstance(config, DFlashConfig) or config.attention == GQA:

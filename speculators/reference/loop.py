@@ -25,8 +25,8 @@ from typing import Protocol
 
 import torch
 
-from ..trees import DraftTree, build_chain, draft_eagle_tree
 from ..ddtree import build_ddtree
+from ..trees import DraftTree, build_chain, draft_eagle_tree
 from ..verify import (
     TOP_K_ALL,
     VerifyResult,

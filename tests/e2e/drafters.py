@@ -51,8 +51,9 @@ def _write(path: Path, config: dict, weights: dict[str, torch.Tensor]) -> Path:
     return path
 
 
-def _attention_and_mlp(gen, prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int,
-                       q_in: int, std: float) -> dict[str, torch.Tensor]:
+def _attention_and_mlp(
+    gen, prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, q_in: int, std: float
+) -> dict[str, torch.Tensor]:
     return {
         f"{prefix}.self_attn.q_proj.weight": _randn(gen, heads * head_dim, q_in, std=std),
         f"{prefix}.self_attn.k_proj.weight": _randn(gen, kv_heads * head_dim, q_in, std=std),
@@ -116,8 +117,9 @@ def write_eagle3(path: Path, *, kind: str = "random", seed: int = 0, target: Pat
     return _write(path, config, weights)
 
 
-def write_dflash(path: Path, *, seed: int = 0, block_size: int = 4, num_layers: int = 2,
-                 target: Path = TINY_MODEL) -> Path:
+def write_dflash(
+    path: Path, *, seed: int = 0, block_size: int = 4, num_layers: int = 2, target: Path = TINY_MODEL
+) -> Path:
     """A random DFlash drafter for the tiny target (Qwen3 layers: 4 query heads, 2 KV heads, head_dim 64)."""
     text = target_text_config(target)
     hidden, vocab = text["hidden_size"], text["vocab_size"]

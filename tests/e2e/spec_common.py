@@ -23,6 +23,7 @@ from sglang_kimi.server import ASSETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 from support.data import GSM8K_DIR  # noqa: E402
+
 TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
@@ -136,11 +137,10 @@ def check_greedy_parity(url: str, prompts, reference: list[list[int]], expected_
 
 @functools.lru_cache(maxsize=1)
 def _reference_models():
+    from sglang_kimi.models import tiny
     from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
     from sglang_kimi.speculators.reference.dflash import DFlashDrafter
     from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
-
-    from sglang_kimi.models import tiny
 
     target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)
     dflash = DFlashDrafter.from_pretrained(TRAINED_DFLASH, dtype=torch.float32)
@@ -153,9 +153,8 @@ def _reference_models():
 def reference_proposer(method: dict):
     """(a fresh proposer, capture layers) of the reference loop for one server configuration: ``method`` is
     ``{"dflash_tree_budget": B or None}`` or ``{"eagle": (steps, topk, draft tokens)}``."""
-    from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer
-
     from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer
 
     _, dflash, eagle = _reference_models()
     if "eagle" in method:
@@ -179,6 +178,7 @@ def reference_proposer(method: dict):
 def reference_tau(method: dict, prompts, max_new_tokens: int = MAX_NEW_TOKENS) -> float:
     """tau (tokens per target forward) of the reference decode loop over the prompts, greedy."""
     import _drafter_common as common
+
     from sglang_kimi.speculators.reference.loop import generate as reference_generate
 
     target, _, _ = _reference_models()

@@ -37,10 +37,10 @@ from spec_common import (
 
 from sglang_kimi.server import (
     ServerProcess,
+    fetch_plugin_state,
     free_port,
     group_alive,
     launch_command,
-    fetch_plugin_state,
 )
 
 pytestmark = pytest.mark.e2e

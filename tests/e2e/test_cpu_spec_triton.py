@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from sglang_kimi.server import ASSETS_DIR, free_port, group_alive, fetch_plugin_state, start_server
+from sglang_kimi.server import ASSETS_DIR, fetch_plugin_state, free_port, group_alive, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,8 +26,11 @@ TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 
 
 def generate(url: str, max_new_tokens: int = TOKENS) -> dict:
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
-            "return_logprob": True}
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+        "return_logprob": True,
+    }
     response = requests.post(url + "/generate", json=body, timeout=3600)
     response.raise_for_status()
     return response.json()
@@ -48,10 +51,23 @@ def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tm
     drafter = TRAINED_EAGLE3
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the server processes only (Triton is decorated here)
     server = start_server(
-        ["--attention-backend", "triton", "--speculative-algorithm", "EAGLE3",
-         "--speculative-draft-model-path", str(drafter), "--speculative-num-steps", "3",
-         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"],
-        port=free_port(), log_path=tmp_path / "server.log", timeout=1800,
+        [
+            "--attention-backend",
+            "triton",
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(drafter),
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "2",
+            "--speculative-num-draft-tokens",
+            "6",
+        ],
+        port=free_port(),
+        log_path=tmp_path / "server.log",
+        timeout=1800,
     )
     try:
         assert fetch_plugin_state(server.base_url)["registrations"]["cpu-tree-mask-mode"] == "ok"

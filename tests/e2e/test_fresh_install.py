@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from support.wheel import build_wheel
 
 from sglang_kimi.server import LaunchSpec, ServerProcess, fetch_plugin_state, free_port, group_alive

@@ -11,13 +11,16 @@ import pytest
 import requests
 
 from sglang_kimi.plugin import REGISTRATIONS
-from sglang_kimi.server import free_port, fetch_plugin_state, sglang_processes
+from sglang_kimi.server import fetch_plugin_state, free_port, sglang_processes
 
 pytestmark = pytest.mark.e2e
 
 GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"}  # skipped on this CPU, with the reason
 
-PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?\nAnswer:"
+PROMPT = (
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?\nAnswer:"
+)
 
 
 def generate(base_url: str, text: str, max_new_tokens: int = 24, **extra) -> dict:
@@ -61,7 +64,11 @@ def test_generate_and_openai_endpoints_answer(tiny_server):
 
 def test_greedy_is_deterministic_sequential_and_batched(tiny_server):
     url = tiny_server.base_url
-    prompts = [PROMPT, "Question: A robe takes 2 bolts of blue fiber.\nAnswer:", "Question: Josh buys a house.\nAnswer:"]
+    prompts = [
+        PROMPT,
+        "Question: A robe takes 2 bolts of blue fiber.\nAnswer:",
+        "Question: Josh buys a house.\nAnswer:",
+    ]
     sequential = [generate(url, p, 32)["output_ids"] for p in prompts]
     assert [generate(url, p, 32)["output_ids"] for p in prompts] == sequential
     with ThreadPoolExecutor(len(prompts)) as pool:
@@ -95,9 +102,9 @@ def test_logprobs_match_transformers_prefill_and_decode(tiny_server):
     expected = reference[:-1].gather(1, tokens[0, 1:, None])[:, 0]  # [T-1]
     got = torch.tensor(prefill + decode)
     prefill_error = (got[: len(prefill)] - expected[: len(prefill)]).abs().max().item()
-    decode_error = (got[len(prefill):] - expected[len(prefill):]).abs().max().item()
+    decode_error = (got[len(prefill) :] - expected[len(prefill) :]).abs().max().item()
     assert prefill_error < 1e-3 and decode_error < 1e-3, (prefill_error, decode_error)
-    greedy = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+    greedy = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids) :].tolist()
     assert greedy == out["output_ids"]
 
 
@@ -140,8 +147,20 @@ def _healthy(url: str) -> bool:
 def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
     before = set(sglang_processes())
     out = subprocess.run(
-        [sys.executable, "-m", "sglang_kimi.cli", "demo", "--questions", "2", "--max-new-tokens", "32",
-         "--modes", "autoregressive", "--log-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "sglang_kimi.cli",
+            "demo",
+            "--questions",
+            "2",
+            "--max-new-tokens",
+            "32",
+            "--modes",
+            "autoregressive",
+            "--log-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=900,

@@ -10,15 +10,22 @@ import subprocess
 import sys
 
 import pytest
+from drafters import write_dflash, write_eagle3
 
 from sglang_kimi.server import TINY_MODEL, LaunchError, free_port, sglang_env, start_server
 
-from drafters import write_dflash, write_eagle3
-
 pytestmark = pytest.mark.e2e
 
-CPU_ARGS = ["--device", "cpu", "--sampling-backend", "pytorch", "--disable-cuda-graph", "--dtype", "float32",
-            "--language-model-only"]
+CPU_ARGS = [
+    "--device",
+    "cpu",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-cuda-graph",
+    "--dtype",
+    "float32",
+    "--language-model-only",
+]
 
 RESOLVE = """
 import json, sys
@@ -60,13 +67,27 @@ def drafters(tmp_path_factory):
 
 
 def dflash(path, *extra, backend="kimi_cpu"):
-    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(path),
-            "--attention-backend", backend, *extra]
+    return [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(path),
+        "--attention-backend",
+        backend,
+        *extra,
+    ]
 
 
 def eagle3(path, *extra, backend="kimi_cpu"):
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(path),
-            "--attention-backend", backend, *extra]
+    return [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(path),
+        "--attention-backend",
+        backend,
+        *extra,
+    ]
 
 
 def cases(d):
@@ -77,27 +98,76 @@ def cases(d):
         (dflash(d["dflash_layers"]), ["target_layer_ids", "9"]),
         (dflash(d["dflash"], "--speculative-num-draft-tokens", "12"), ["block_size", "8", "12"]),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "0"), ["--speculative-dflash-tree-budget 0", "1..63"]),
-        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "64"), ["--speculative-dflash-tree-budget 64", "1..63"]),
+        (
+            dflash(d["dflash"], "--speculative-dflash-tree-budget", "64"),
+            ["--speculative-dflash-tree-budget 64", "1..63"],
+        ),
         (dflash(d["eagle3"]), ["pass --speculative-algorithm EAGLE3"]),
-        (eagle3(d["dflash"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                "--speculative-num-draft-tokens", "4"), ["pass --speculative-algorithm DFLASH"]),
+        (
+            eagle3(
+                d["dflash"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+            ),
+            ["pass --speculative-algorithm DFLASH"],
+        ),
         (dflash("/nonexistent/drafter"), ["/nonexistent/drafter", "does not exist"]),
-        (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
-         ["torch_native", "triton", "kimi_cpu"]),
+        (
+            dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
+            ["torch_native", "triton", "kimi_cpu"],
+        ),
         # on --device cpu every speculative mode needs a backend with TARGET_VERIFY: torch_native has none
         (dflash(d["dflash"], backend="torch_native"), ["--attention-backend is torch_native", "kimi_cpu", "triton"]),
-        (eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                "--speculative-num-draft-tokens", "4", backend="torch_native"),
-         ["--attention-backend is torch_native", "kimi_cpu", "triton"]),
-        (eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                "--speculative-num-draft-tokens", "6", backend="torch_native"),
-         ["--attention-backend is torch_native", "kimi_cpu", "triton"]),
-        (dflash(d["dflash"], "--decode-attention-backend", "torch_native"),
-         ["--decode-attention-backend is torch_native", "kimi_cpu"]),
+        (
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+                backend="torch_native",
+            ),
+            ["--attention-backend is torch_native", "kimi_cpu", "triton"],
+        ),
+        (
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-draft-tokens",
+                "6",
+                backend="torch_native",
+            ),
+            ["--attention-backend is torch_native", "kimi_cpu", "triton"],
+        ),
+        (
+            dflash(d["dflash"], "--decode-attention-backend", "torch_native"),
+            ["--decode-attention-backend is torch_native", "kimi_cpu"],
+        ),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
-        (eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                "--speculative-num-draft-tokens", "6", "--page-size", "16"), ["page"]),
+        (
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-draft-tokens",
+                "6",
+                "--page-size",
+                "16",
+            ),
+            ["page"],
+        ),
     ]
 
 
@@ -105,11 +175,12 @@ def test_each_bad_setting_is_one_clear_error(drafters):
     table = cases(drafters)
     argvs = [["--model-path", str(TINY_MODEL), *CPU_ARGS, *argv] for argv, _ in table]
     env, _ = sglang_env(cpu=True)
-    out = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
     assert line, out.stderr[-3000:]
-    outcomes = json.loads(line[0][len("OUTCOMES="):])
+    outcomes = json.loads(line[0][len("OUTCOMES=") :])
     for (argv, words), outcome in zip(table, outcomes):
         assert outcome is not None, f"accepted: {argv}"
         assert all(w in outcome for w in words), f"{argv}\n-> {outcome}"
@@ -118,17 +189,34 @@ def test_each_bad_setting_is_one_clear_error(drafters):
 def test_good_settings_resolve(drafters):
     argvs = [
         ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"])],
-        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8")],
-        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *eagle3(drafters["eagle3"], "--speculative-num-steps", "3",
-                                                              "--speculative-eagle-topk", "2",
-                                                              "--speculative-num-draft-tokens", "6")],
+        [
+            "--model-path",
+            str(TINY_MODEL),
+            *CPU_ARGS,
+            *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
+        ],
+        [
+            "--model-path",
+            str(TINY_MODEL),
+            *CPU_ARGS,
+            *eagle3(
+                drafters["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-draft-tokens",
+                "6",
+            ),
+        ],
     ]
     env, _ = sglang_env(cpu=True)
-    out = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
     assert line, out.stderr[-3000:]
-    assert json.loads(line[0][len("OUTCOMES="):]) == [None, None, None]
+    assert json.loads(line[0][len("OUTCOMES=") :]) == [None, None, None]
 
 
 def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):

@@ -22,15 +22,15 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support.data import GSM8K_DIR
 import requests
 import torch
+from support.data import GSM8K_DIR
 
 from sglang_kimi import cli, kv_calibration
 from sglang_kimi.models import kv_scales
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
-from sglang_kimi.server import LaunchError, ServerProcess, group_alive, launch_command, fetch_plugin_state
+from sglang_kimi.server import LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e
@@ -44,8 +44,10 @@ PROMPT = (
 )
 DATA_DIR = GSM8K_DIR
 HEALTH_CHECK_IDS = [0]  # SGLang's /health generates one token from input_ids [0]: that row is observed too
-FALLBACK_LOG = {"int4": "SGLang has no INT4 compressed-tensors kernel for cpu",
-                "mxfp4": "SGLang has no MXFP4 Quark kernel for cpu"}
+FALLBACK_LOG = {
+    "int4": "SGLang has no INT4 compressed-tensors kernel for cpu",
+    "mxfp4": "SGLang has no MXFP4 Quark kernel for cpu",
+}
 
 
 def _distinct_free_ports(n: int) -> list[int]:
@@ -117,8 +119,21 @@ def test_calibrate_kv_records_the_real_latent_maxima(variant_servers, tmp_path, 
     """Runs first on the int4 server (observe mode): before it, only SGLang's health check wrote KV rows."""
     server, path, _ = variant_servers["int4"]
     out = tmp_path / "kv_scales.json"
-    argv = ["calibrate-kv", "--base-url", server.base_url, "--out", str(out), "--data-dir", str(DATA_DIR),
-            "--num-prompts", "3", "--max-new-tokens", "8", "--concurrency", "3"]
+    argv = [
+        "calibrate-kv",
+        "--base-url",
+        server.base_url,
+        "--out",
+        str(out),
+        "--data-dir",
+        str(DATA_DIR),
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--concurrency",
+        "3",
+    ]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "calibrated on 3 prompts" in printed and "kv_scales.json" in printed
@@ -145,8 +160,17 @@ def test_calibrate_kv_records_the_real_latent_maxima(variant_servers, tmp_path, 
 
 def test_calibrate_kv_refuses_a_server_that_does_not_observe(variant_servers, tmp_path, capsys):
     server = variant_servers["mxfp4"][0]
-    argv = ["calibrate-kv", "--base-url", server.base_url, "--out", str(tmp_path / "x.json"), "--data-dir",
-            str(DATA_DIR), "--num-prompts", "1"]
+    argv = [
+        "calibrate-kv",
+        "--base-url",
+        server.base_url,
+        "--out",
+        str(tmp_path / "x.json"),
+        "--data-dir",
+        str(DATA_DIR),
+        "--num-prompts",
+        "1",
+    ]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "does not record its KV data" in err and "SGLANG_KIMI_KV_SCALES=observe" in err
@@ -195,8 +219,12 @@ def test_quantization_is_not_a_no_op(variant_servers):
     """The variants differ from the bf16 model and from each other: the packed weights really were used."""
     outputs = {}
     for name, (server, _, _) in variant_servers.items():
-        body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                "return_logprob": True, "logprob_start_len": 0}
+        body = {
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
         meta = requests.post(server.base_url + "/generate", json=body, timeout=600).json()["meta_info"]
         outputs[name] = [lp for lp, _, _ in meta["input_token_logprobs"][1:]]
     for a in VARIANTS:

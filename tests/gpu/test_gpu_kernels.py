@@ -18,10 +18,13 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA or ROCm GPU (torch.cuda.is_available() is False)", allow_module_level=True)
 
-from sglang_kimi.kernels.interpret import interpreter_active  # noqa: E402
 from support.child_process import run_pytest_in_fresh_process  # noqa: E402
 
+from sglang_kimi.kernels.interpret import interpreter_active  # noqa: E402
+
 IN_PROCESS = not interpreter_active()  # unit tests may have loaded Triton's interpreter in this process
+
+from support.verify_layout import twin  # noqa: E402
 
 from sglang_kimi.kernels import ddtree_build as dd  # noqa: E402
 from sglang_kimi.kernels import tree_mla_attention as tm  # noqa: E402
@@ -29,7 +32,6 @@ from sglang_kimi.kernels import tree_verify as tv  # noqa: E402
 from sglang_kimi.speculators.ddtree import build_ddtree, rank_draft_logits  # noqa: E402
 from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
 from sglang_kimi.speculators.verify import walk_tree  # noqa: E402
-from support.verify_layout import twin  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -192,8 +194,17 @@ def test_tune_moe_writes_a_table(tmp_path):
     from sglang_kimi.kernels import moe_tuner as tuner
 
     path = tuner.tune_moe(
-        experts=8, intermediate=128, hidden=256, topk=2, dtype="bf16", block_shape=None, m_values=[2, 8],
-        output_dir=tmp_path, warmup=1, iters=3, max_configs=4,
+        experts=8,
+        intermediate=128,
+        hidden=256,
+        topk=2,
+        dtype="bf16",
+        block_shape=None,
+        m_values=[2, 8],
+        output_dir=tmp_path,
+        warmup=1,
+        iters=3,
+        max_configs=4,
     )
     table = mt.read_table(path)
     assert {2, 8} <= set(table)

@@ -13,7 +13,7 @@ import sys
 
 
 def pytest_in_fresh_process(test_file: str, env: dict[str, str], unset: tuple[str, ...] = (), timeout: float = 1200.0):
-    """``pytest test_file`` in a new interpreter with ``env`` added and ``unset`` removed. Returns (exit code, output)."""
+    """``pytest test_file`` in a new interpreter, ``env`` added, ``unset`` removed. Returns (exit code, output)."""
     child_env = {k: v for k, v in os.environ.items() if k not in unset}
     child_env.update(env)
     proc = subprocess.run(

@@ -32,7 +32,15 @@ def twin(
         coins = Coins(uniform_samples, final[:, None].expand(batch, n) if final.dim() == 1 else final)
     result = walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
     predicts = torch.zeros(batch * n, dtype=torch.int32, device=candidates.device) if predicts is None else predicts
-    accept_index = torch.full((batch, num_spec_tokens), -1, dtype=torch.int32, device=candidates.device) if accept_index is None else accept_index
-    accept_token_num = torch.zeros(batch, dtype=torch.int32, device=candidates.device) if accept_token_num is None else accept_token_num
+    accept_index = (
+        torch.full((batch, num_spec_tokens), -1, dtype=torch.int32, device=candidates.device)
+        if accept_index is None
+        else accept_index
+    )
+    accept_token_num = (
+        torch.zeros(batch, dtype=torch.int32, device=candidates.device)
+        if accept_token_num is None
+        else accept_token_num
+    )
     result.to_sglang(predicts, accept_index, accept_token_num)
     return SimpleNamespace(predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num)

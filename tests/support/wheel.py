@@ -9,7 +9,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache")
+NOT_COPIED = (
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".ruff_cache",
+)
 
 
 def build_wheel(scratch: Path) -> Path:

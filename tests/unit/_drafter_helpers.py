@@ -72,9 +72,8 @@ def randomize(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> tor
 @functools.lru_cache(maxsize=1)
 def tiny_compact(dtype: torch.dtype = torch.float64):
     """The embedded tiny Kimi target (compact implementation), in float64 for exact greedy comparisons."""
-    from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
-
     from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
     return CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=dtype)
 

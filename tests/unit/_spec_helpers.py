@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
+
 from sglang_kimi.speculators.trees import DraftTree
 
 

@@ -13,9 +13,7 @@ COMMANDS = ["serve", "demo", "doctor", "tune moe"]
 
 
 def _sglang_kimi(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_kimi.cli", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "sglang_kimi.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_top_level_help_lists_commands():

@@ -3,8 +3,8 @@ seeded request reproduces its output whatever shares its batch), they are unifor
 verify outputs convert to and from ``DraftTree`` / ``VerifyResult`` losslessly."""
 
 import torch
-from support.stats import chi2_pvalue
 from _spec_helpers import random_tree
+from support.stats import chi2_pvalue
 
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import MAX_COIN, VerifyResult, random_coins, seeded_coins, verify_sampled
@@ -64,7 +64,9 @@ def test_random_coins_follow_the_generator():
 def test_sglang_layout_round_trip():
     gen = torch.Generator().manual_seed(4)
     tree = random_tree(gen, 5, SLOTS, VOCAB, min_nodes=SLOTS)  # SGLang's trees have no padding
-    back = DraftTree.from_retrieve(tree.tokens, tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.max_depth)
+    back = DraftTree.from_retrieve(
+        tree.tokens, tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.max_depth
+    )
     for field in ("tokens", "parents", "depths", "num_nodes"):
         assert torch.equal(getattr(back, field), getattr(tree, field)), field
     probs = torch.softmax(torch.randn(5, SLOTS, VOCAB, generator=gen) * 3, dim=-1)
@@ -73,7 +75,9 @@ def test_sglang_layout_round_trip():
     accept_index = torch.full((5, tree.max_depth + 1), -7, dtype=torch.int32)
     accept_num = torch.full((5,), -7, dtype=torch.int32)
     result.to_sglang(predicts, accept_index, accept_num)
-    assert (accept_index[accept_index >= 0] // SLOTS == torch.arange(5)[:, None].expand_as(accept_index)[accept_index >= 0]).all()
+    assert (
+        accept_index[accept_index >= 0] // SLOTS == torch.arange(5)[:, None].expand_as(accept_index)[accept_index >= 0]
+    ).all()
     again = VerifyResult.from_sglang(predicts, accept_index, accept_num, SLOTS)
     for field in ("accepted_nodes", "num_accepted", "bonus", "output_tokens"):
         assert torch.equal(getattr(again, field), getattr(result, field)), field

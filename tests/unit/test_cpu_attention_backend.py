@@ -122,8 +122,14 @@ else:
         layer.attn_type = attn_type
         rpi, prefix, extend = [2, 0, 3], [5, 0, 9], [4, 7, 1]
         out_loc = torch.cat([slots_of(runner, r, p, e) for r, p, e in zip(rpi, prefix, extend)])
-        fb = batch(ForwardMode.EXTEND, rpi, [p + e for p, e in zip(prefix, extend)], out_loc,
-                   extend_prefix_lens=torch.tensor(prefix), extend_seq_lens=torch.tensor(extend))
+        fb = batch(
+            ForwardMode.EXTEND,
+            rpi,
+            [p + e for p, e in zip(prefix, extend)],
+            out_loc,
+            extend_prefix_lens=torch.tensor(prefix),
+            extend_seq_lens=torch.tensor(extend),
+        )
         T, H = sum(extend), layer.tp_q_head_num
         q = torch.randn(T, H * layer.qk_head_dim)
         k = torch.randn(T, layer.tp_k_head_num, layer.qk_head_dim)
@@ -141,7 +147,10 @@ else:
         if kind == "gqa" and attn_type == AttentionType.DECODER:  # and SGLang's own torch backend agrees
             native = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)
             native.req_to_token_pool, native.token_to_kv_pool, native.swa_out_cache_loc = (
-                runner.req_to_token_pool, runner.token_to_kv_pool, None)
+                runner.req_to_token_pool,
+                runner.token_to_kv_pool,
+                None,
+            )
             reference = native.forward_extend(q, k, v, layer, fb, save_kv_cache=False).view(T, H, -1)
             assert torch.allclose(out, reference, atol=1e-5)
 
@@ -171,7 +180,8 @@ else:
             p = torch.rand(rows, topk, generator=gen)
             p = (p / p.sum(-1, keepdim=True)).sort(dim=-1, descending=True).values
             _, hidden, scores, info = select_top_k_tokens(
-                i, p, torch.randint(0, 50, (rows, topk), generator=gen), hidden, scores, topk)
+                i, p, torch.randint(0, 50, (rows, topk), generator=gen), hidden, scores, topk
+            )
             score_list.append(info[0])
             token_list.append(info[1])
             parents_list.append(info[2])
@@ -207,16 +217,31 @@ else:
             mode = TreeMaskMode.QLEN_ONLY if layout == "qlen_only_tree" else TreeMaskMode.FULL_MASK
             seq_lens_sum = sum(prefix) + 11  # SGLang may over-size a FULL_MASK buffer; the reader must cope
             mask, _, _, next_token, next_sibling, _ = build_tree_kernel_efficient(
-                torch.zeros(bs, dtype=torch.long), parent_list, top_scores_index, draft_tokens,
-                torch.tensor(prefix), seq_lens_sum, topk, steps, n, mode)
+                torch.zeros(bs, dtype=torch.long),
+                parent_list,
+                top_scores_index,
+                draft_tokens,
+                torch.tensor(prefix),
+                seq_lens_sum,
+                topk,
+                steps,
+                n,
+                mode,
+            )
             spec_info.custom_mask = mask
             paths = [ancestors(next_token[b], next_sibling[b], n) for b in range(bs)]
             assert any(len(p) < i + 1 for path in paths for i, p in path.items()), "the trees branch"
         if layout == "encoder_only":
             layer.attn_type = AttentionType.ENCODER_ONLY
         out_loc = torch.cat([slots_of(runner, r, p, n) for r, p in zip(rpi, prefix)])
-        fb = batch(ForwardMode.TARGET_VERIFY, rpi, prefix, out_loc, spec_info=spec_info,
-                   input_ids=torch.zeros(bs * n, dtype=torch.long))
+        fb = batch(
+            ForwardMode.TARGET_VERIFY,
+            rpi,
+            prefix,
+            out_loc,
+            spec_info=spec_info,
+            input_ids=torch.zeros(bs * n, dtype=torch.long),
+        )
         H = layer.tp_q_head_num
         q = torch.randn(bs * n, H * layer.qk_head_dim)
         k = torch.randn(bs * n, layer.tp_k_head_num, layer.qk_head_dim)
@@ -249,9 +274,13 @@ else:
         H = layer.tp_q_head_num
         rows = len(rpi) * topk
         for step, backend in enumerate(multi.attn_backends):
-            out_loc = torch.stack([
-                slots_of(runner, r, n + k * num_steps + step, 1)[0] for r, n in zip(rpi, seq_lens) for k in range(topk)
-            ])
+            out_loc = torch.stack(
+                [
+                    slots_of(runner, r, n + k * num_steps + step, 1)[0]
+                    for r, n in zip(rpi, seq_lens)
+                    for k in range(topk)
+                ]
+            )
             fb.out_cache_loc = out_loc
             q = torch.randn(rows, H * 16)
             k = torch.randn(rows, 2, 16)

@@ -33,11 +33,11 @@ else:
     from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
+    from support.stats import chi2_pvalue
 
     from sglang_kimi.workers import dflash_sampling as ds
     from sglang_kimi.workers import eagle_sampling as es
     from sglang_kimi.workers.tree_batch import verify_probs
-    from support.stats import chi2_pvalue
 
     V = 12
 
@@ -51,7 +51,9 @@ else:
         )
         group = SimpleNamespace(world_size=1)
         monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
-        monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(tp_group=group, attn_tp_group=group))
+        monkeypatch.setattr(
+            runtime_context, "get_parallel", lambda: SimpleNamespace(tp_group=group, attn_tp_group=group)
+        )
         monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
         return spec
 
@@ -72,8 +74,10 @@ else:
             has_watermark_candidates=False,
         )
 
-    @pytest.mark.parametrize("top_k,top_p,min_p", [(1 << 30, 1.0, 0.0), (5, 1.0, 0.0), (1 << 30, 0.7, 0.0),
-                                                   (4, 0.8, 0.0), (1 << 30, 0.9, 0.2)])
+    @pytest.mark.parametrize(
+        "top_k,top_p,min_p",
+        [(1 << 30, 1.0, 0.0), (5, 1.0, 0.0), (1 << 30, 0.7, 0.0), (4, 0.8, 0.0), (1 << 30, 0.9, 0.2)],
+    )
     def test_target_probs_are_what_the_pytorch_sampler_draws_from(top_k, top_p, min_p):
         gen = torch.Generator().manual_seed(top_k % 97)
         bs, n = 3, 4
@@ -84,8 +88,15 @@ else:
         rows = torch.arange(bs).repeat_interleave(n)
         if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
             _, filtered, idx, _ = top_k_top_p_min_p_sampling_from_probs_torch(
-                probs.clone(), info.top_ks[rows], info.top_ps[rows], info.min_ps[rows], info.need_min_p_sampling,
-                None, None, return_filtered_probs=True)
+                probs.clone(),
+                info.top_ks[rows],
+                info.top_ps[rows],
+                info.min_ps[rows],
+                info.need_min_p_sampling,
+                None,
+                None,
+                return_filtered_probs=True,
+            )
             reference = torch.zeros_like(probs).scatter_(-1, idx.long(), filtered)
         else:
             reference = probs
@@ -101,11 +112,25 @@ else:
         top_scores_index = torch.tensor([[0, 1, 2]]).repeat(rows, 1)
         draft = candidates[1:].repeat(rows, 1)
         _, _, r_index, r_next, r_sibling, tokens = build_tree_kernel_efficient(
-            candidates[:1].repeat(rows), parent_list, top_scores_index, draft,
-            torch.full((rows,), 5), 5 * rows, 2, 2, 4, TreeMaskMode.QLEN_ONLY)
+            candidates[:1].repeat(rows),
+            parent_list,
+            top_scores_index,
+            draft,
+            torch.full((rows,), 5),
+            5 * rows,
+            2,
+            2,
+            4,
+            TreeMaskMode.QLEN_ONLY,
+        )
         return SimpleNamespace(
-            draft_token=tokens, draft_token_num=4, max_tree_depth=3, retrieve_index=r_index,
-            retrieve_next_token=r_next, retrieve_next_sibling=r_sibling)
+            draft_token=tokens,
+            draft_token_num=4,
+            max_tree_depth=3,
+            retrieve_index=r_index,
+            retrieve_next_token=r_next,
+            retrieve_next_sibling=r_sibling,
+        )
 
     def emitted(predict, accept_index, accept_lens, k):
         """The k-th output token of each request (accepted drafts, then the bonus)."""
@@ -128,7 +153,8 @@ else:
         node_logits[1, 9] += 2.0
         info = sampling_info(rows, temperature=1.0, top_p=0.9)
         batch = SimpleNamespace(
-            forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((rows,), 5), device="cpu", sampling_info=info)
+            forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((rows,), 5), device="cpu", sampling_info=info
+        )
         logits_output = SimpleNamespace(next_token_logits=node_logits.repeat(rows, 1))
 
         def upstream(*args, **kwargs):
@@ -157,11 +183,19 @@ else:
         candidates = torch.tensor([7, 3, 5, 9])
         verify_input = eagle_verify_input(2, candidates)
         logits_output = SimpleNamespace(next_token_logits=torch.zeros(8, V))
-        greedy = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((2,), 5), device="cpu",
-                                 sampling_info=sampling_info(2, greedy=True))
+        greedy = SimpleNamespace(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            seq_lens=torch.full((2,), 5),
+            device="cpu",
+            sampling_info=sampling_info(2, greedy=True),
+        )
         assert es.eagle_sample_lossless(upstream, verify_input, greedy, logits_output) == "upstream"
-        sampled = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((2,), 5), device="cpu",
-                                  sampling_info=sampling_info(2))
+        sampled = SimpleNamespace(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            seq_lens=torch.full((2,), 5),
+            device="cpu",
+            sampling_info=sampling_info(2),
+        )
         spec_config.speculative_use_rejection_sampling = True  # upstream's chain rejection sampler: lossless
         assert es.eagle_sample_lossless(upstream, verify_input, sampled, logits_output) == "upstream"
         spec_config.speculative_use_rejection_sampling = False
@@ -182,7 +216,8 @@ else:
             raise AssertionError("the CPU path must not reach SGLang's CUDA-only DFLASH sampling")
 
         accepted, bonus = ds.dflash_sampled_verify(
-            upstream, candidates=chain.repeat(bs, 1), next_token_logits=node_logits.repeat(bs, 1), sampling_info=info)
+            upstream, candidates=chain.repeat(bs, 1), next_token_logits=node_logits.repeat(bs, 1), sampling_info=info
+        )
         assert accepted.shape == (bs,) and bonus.dtype == torch.int64
         target = verify_probs(node_logits, sampling_info(1, top_p=0.9), n)
         # the first emitted token is the draft 6 when accepted, else the bonus

@@ -54,14 +54,28 @@ for argv in json.loads(sys.argv[1]):
             "speculative_draft_attention_backend", "speculative_num_draft_tokens", "speculative_eagle_topk")}))
 """
 
-    CPU_ARGS = ["--device", "cpu", "--sampling-backend", "pytorch", "--disable-cuda-graph", "--dtype", "float32",
-                "--language-model-only", "--model-path", str(TINY_MODEL)]
+    CPU_ARGS = [
+        "--device",
+        "cpu",
+        "--sampling-backend",
+        "pytorch",
+        "--disable-cuda-graph",
+        "--dtype",
+        "float32",
+        "--language-model-only",
+        "--model-path",
+        str(TINY_MODEL),
+    ]
 
     def resolve(argvs: list[list[str]], plugins: bool) -> list[str]:
         """One outcome line per argv: ``ERROR=<exception>`` or ``RESOLVED=<json>``."""
         proc = subprocess.run(
             [sys.executable, "-c", RESOLVE, json.dumps([CPU_ARGS + a for a in argvs]), "plugins" if plugins else ""],
-            capture_output=True, text=True, timeout=900, env=os.environ.copy())
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=os.environ.copy(),
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith(("ERROR=", "RESOLVED="))]
         assert len(lines) == len(argvs), proc.stdout[-2000:] + proc.stderr[-4000:]
         return lines
@@ -71,12 +85,15 @@ for argv in json.loads(sys.argv[1]):
         dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft)]
         (refused,) = resolve([dflash + ["--attention-backend", "torch_native"]], plugins=False)
         assert "DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'" in refused, refused
-        accepted, window = resolve([
-            dflash + ["--attention-backend", "kimi_cpu"],
-            # the rest of _handle_dflash still runs: a draft window shorter than the block is refused
-            dflash + ["--attention-backend", "kimi_cpu", "--speculative-draft-window-size", "2"],
-        ], plugins=True)
-        resolved = json.loads(accepted[len("RESOLVED="):])
+        accepted, window = resolve(
+            [
+                dflash + ["--attention-backend", "kimi_cpu"],
+                # the rest of _handle_dflash still runs: a draft window shorter than the block is refused
+                dflash + ["--attention-backend", "kimi_cpu", "--speculative-draft-window-size", "2"],
+            ],
+            plugins=True,
+        )
+        resolved = json.loads(accepted[len("RESOLVED=") :])
         assert resolved["speculative_draft_attention_backend"] == "kimi_cpu"
         assert resolved["speculative_num_draft_tokens"] == 4 and resolved["speculative_eagle_topk"] == 1
         assert window.startswith("ERROR=") and "--speculative-draft-window-size must be >=" in window, window
@@ -116,12 +133,19 @@ for argv in json.loads(sys.argv[1]):
 
         embeds = torch.randn(5, 8, dtype=torch.float32) * 1e-3 + 1
         replace = torch.randn(2, 8, dtype=torch.float32)
-        batch = SimpleNamespace(input_embeds=embeds, replace_embeds=replace, replace_positions=torch.tensor([1, 3]),
-                                )
-        runner = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32), _pp_kwargs=lambda pp: {},
-                                 is_generation=True, model=None)
-        upstream = ModelRunner._extend_forward_kwargs.__wrapped__ if hasattr(
-            ModelRunner._extend_forward_kwargs, "__wrapped__") else ModelRunner._extend_forward_kwargs
+        batch = SimpleNamespace(
+            input_embeds=embeds,
+            replace_embeds=replace,
+            replace_positions=torch.tensor([1, 3]),
+        )
+        runner = SimpleNamespace(
+            model_config=SimpleNamespace(dtype=torch.float32), _pp_kwargs=lambda pp: {}, is_generation=True, model=None
+        )
+        upstream = (
+            ModelRunner._extend_forward_kwargs.__wrapped__
+            if hasattr(ModelRunner._extend_forward_kwargs, "__wrapped__")
+            else ModelRunner._extend_forward_kwargs
+        )
         bf16 = upstream(runner, batch, None)["input_embeds"]
         assert bf16.dtype == torch.bfloat16  # SGLang's cast
         kwargs = fixes._extend_kwargs_in_model_dtype(upstream, runner, batch, None)

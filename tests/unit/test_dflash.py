@@ -18,12 +18,12 @@ from _drafter_helpers import (
     scaled_dflash,
     tiny_compact,
 )
-from sglang_kimi.speculators.reference.layers import rope_for
-from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
-from sglang_kimi.speculators.reference.layers import Rope
-from sglang_kimi.speculators.reference.dflash import DFlashDrafter, published_weight_names
-from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, generate
 from support.targets import TinyTarget
+
+from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
+from sglang_kimi.speculators.reference.dflash import DFlashDrafter, published_weight_names
+from sglang_kimi.speculators.reference.layers import Rope, rope_for
+from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, generate
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -322,12 +322,12 @@ def test_compact_target_matches_hf_reference():
     """The benchmark's target (CompactDeepseekV3 through _drafter_common, with and without its prefix cache)
     equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
     import _drafter_common as common
-    from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
     from support.targets import hf_target
-    from sglang_kimi.speculators.ddtree import build_ddtree
 
     from sglang_kimi.models import tiny
+    from sglang_kimi.speculators.ddtree import build_ddtree
     from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
+    from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
 
     hf, _ = tiny.load_hf_reference(dtype=torch.float32)
     compact = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)

@@ -56,8 +56,13 @@ def test_dockerfile_builds_from_an_official_sglang_image_through_install_sh(dock
     run_steps = re.findall(r"^RUN .*?(?<!\\)$", text, re.MULTILINE | re.DOTALL)
     assert len(run_steps) == 1 and "docker/install.sh" in run_steps[0] and "source=dist" in run_steps[0]
     # The plugin owns its AITER switches and SGLANG_PLUGINS stays unset; debugging switches never go in an image.
-    for name in ("SGLANG_PLUGINS", "AITER_FLYDSL_STAGE2_TILE_K", "FLYDSL_MOE_STAGE1_SCHED",
-                 "SGLANG_KIMI_DEBUG_GREEDY_VERIFY", "HF_HUB_ENABLE_HF_TRANSFER"):
+    for name in (
+        "SGLANG_PLUGINS",
+        "AITER_FLYDSL_STAGE2_TILE_K",
+        "FLYDSL_MOE_STAGE1_SCHED",
+        "SGLANG_KIMI_DEBUG_GREEDY_VERIFY",
+        "HF_HUB_ENABLE_HF_TRANSFER",
+    ):
         assert not re.search(rf"^ENV {name}=", text, re.MULTILINE), name
 
 
@@ -141,8 +146,11 @@ def test_install_sh_refuses_an_environment_without_sglang(bare_venv, tmp_path):
 def test_install_sh_names_a_missing_or_unsatisfied_requirement(bare_venv, tmp_path):
     requires = ["torch>=2.6", "pip<1", 'sglang==0.5.23; extra == "sglang"', 'pywin32; sys_platform == "win32"']
     wheel = fake_wheel(tmp_path, requires)
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(bare_venv / "venv" / "bin" / "python"),
-           "PYTHONPATH": str(bare_venv / "fake")}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": str(bare_venv / "venv" / "bin" / "python"),
+        "PYTHONPATH": str(bare_venv / "fake"),
+    }
     result = install_sh(wheel, env=env, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "torch>=2.6" in result.stdout and "MISSING" in result.stdout

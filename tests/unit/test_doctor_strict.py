@@ -37,11 +37,15 @@ def test_installed_sglang_passes_the_strict_audit(tmp_path):
 
 def test_a_renamed_hook_target_fails_the_build(tmp_path):
     # SGLang without eagle_utils.eagle_sample (as if a release had renamed it): the hook cannot apply.
-    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+    out = _doctor(
+        "--strict",
+        tmp_path=tmp_path,
+        sitecustomize="""
         import sglang.srt.speculative.eagle_utils as eagle_utils
         eagle_utils.eagle_sample_renamed = eagle_utils.eagle_sample
         del eagle_utils.eagle_sample
-    """)
+    """,
+    )
     assert out.returncode == 1, out.stdout[-3000:]
     assert "entry 'lossless-eagle-sampling': the installed SGLang has no sglang.srt.speculative.eagle_utils." \
            "eagle_sample" in out.stdout  # fmt: skip
@@ -49,24 +53,32 @@ def test_a_renamed_hook_target_fails_the_build(tmp_path):
 
 def test_a_changed_hook_signature_fails_the_build(tmp_path):
     # a release that renamed eagle_sample's keyword `watermark_state`: the plugin's wrapper passes it by name
-    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+    out = _doctor(
+        "--strict",
+        tmp_path=tmp_path,
+        sitecustomize="""
         import sglang.srt.speculative.eagle_utils as eagle_utils
         def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *,
                          watermark=None, watermark_full_mask=True):
             raise AssertionError("not called by the audit")
         eagle_utils.eagle_sample = eagle_sample
-    """)
+    """,
+    )
     assert out.returncode == 1, out.stdout[-3000:]
     assert "hook on sglang.srt.speculative.eagle_utils.eagle_sample: the plugin passes keyword parameters " \
            "['watermark_state']" in out.stdout  # fmt: skip
 
 
 def test_an_unsupported_sglang_version_fails(tmp_path):
-    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+    out = _doctor(
+        "--strict",
+        tmp_path=tmp_path,
+        sitecustomize="""
         import importlib.metadata as md
         _version = md.version
         md.version = lambda name: "0.4.9" if name == "sglang" else _version(name)
-    """)
+    """,
+    )
     assert out.returncode == 1
     assert "sglang 0.4.9 is outside the supported range" in out.stdout
 
@@ -80,7 +92,10 @@ def test_a_plugin_the_loader_skips_fails(tmp_path):
 
 def test_a_plugin_not_installed_as_a_distribution_fails(tmp_path):
     # importable (from a checkout on PYTHONPATH, say) but with no dist-info: no entry point for SGLang to find
-    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize="""
+    out = _doctor(
+        "--strict",
+        tmp_path=tmp_path,
+        sitecustomize="""
         import importlib.metadata as md
         _entry_points = md.entry_points
         def entry_points(**kwargs):
@@ -89,7 +104,8 @@ def test_a_plugin_not_installed_as_a_distribution_fails(tmp_path):
                 return md.EntryPoints(ep for ep in found if ep.name != "kimi")
             return found
         md.entry_points = entry_points
-    """)
+    """,
+    )
     assert out.returncode == 1
     assert "no `kimi` entry point in the sglang.srt.plugins group: sglang-kimi is not installed as a distribution" \
         in out.stdout  # fmt: skip

@@ -23,12 +23,12 @@ from _drafter_helpers import (
     scaled_eagle3,
     tiny_compact,
 )
-from sglang_kimi.speculators.reference.layers import rope_for
-from sglang_kimi.speculators.configs import Eagle3Config
-from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map, published_weight_names
-from sglang_kimi.speculators.configs import DrafterConfigError
-from sglang_kimi.speculators.reference.loop import DraftContext, EagleProposer, generate
 from support.targets import TinyTarget
+
+from sglang_kimi.speculators.configs import DrafterConfigError, Eagle3Config
+from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map, published_weight_names
+from sglang_kimi.speculators.reference.layers import rope_for
+from sglang_kimi.speculators.reference.loop import DraftContext, EagleProposer, generate
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,13 +5,12 @@ import subprocess
 import sys
 
 import pytest
+from _fake_servers import serve, sglang_payloads
 
 from sglang_kimi import cli
-from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
 from sglang_kimi.server import free_port
-
-from _fake_servers import serve, sglang_payloads
 
 
 @pytest.fixture

@@ -30,9 +30,15 @@ def rows():
 
 def test_every_wrapper_launch_compiles_for_both_vendors(rows):
     kernels = {r["kernel"] for r in rows}
-    assert {"tree_mla fused", "tree_mla split+merge", "tree_mla merge", "tree_verify sampled",
-            "tree_verify greedy (bf16 logits)", "tree_verify greedy (argmax given)",
-            "ddtree_build (budget 64, depth 7)"} <= kernels
+    assert {
+        "tree_mla fused",
+        "tree_mla split+merge",
+        "tree_mla merge",
+        "tree_verify sampled",
+        "tree_verify greedy (bf16 logits)",
+        "tree_verify greedy (argmax given)",
+        "ddtree_build (budget 64, depth 7)",
+    } <= kernels
     assert {r["target"] for r in rows} == {"sm_90", "gfx942"}
 
 

@@ -10,9 +10,9 @@ import os
 
 import pytest
 import torch
+from support.child_process import run_pytest_in_fresh_process
 
 from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
-from support.child_process import run_pytest_in_fresh_process
 
 _ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
 with interpreter_imports():

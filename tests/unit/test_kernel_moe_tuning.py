@@ -36,8 +36,13 @@ def sglang_file_name_fn(device_name: str):
 @pytest.mark.parametrize("device", ["NVIDIA H200", "AMD Instinct MI300X"])
 @pytest.mark.parametrize(
     "dtype,block,pcq,down",
-    [(None, None, False, False), ("fp8_w8a8", [128, 128], False, False), ("fp8_w8a8", [128, 128], False, True),
-     ("int4_w4a16", [0, 32], False, False), ("fp8_w8a8", [0, 0], True, False)],
+    [
+        (None, None, False, False),
+        ("fp8_w8a8", [128, 128], False, False),
+        ("fp8_w8a8", [128, 128], False, True),
+        ("int4_w4a16", [0, 32], False, False),
+        ("fp8_w8a8", [0, 0], True, False),
+    ],
 )
 def test_file_names_are_sglangs(device, dtype, block, pcq, down):
     sglang_name = sglang_file_name_fn(device)(384, 256, dtype, block, pcq, down_moe=down)
@@ -98,7 +103,9 @@ def on_device(monkeypatch, tmp_path):
     def use(device_name="NVIDIA H200"):
         fn = sglang_file_name_fn(device_name)
         monkeypatch.setattr(
-            mt, "_sglang_config_file_name", lambda E, N, dtype, block, pcq, down: fn(E, N, dtype, block, pcq, down_moe=down)
+            mt,
+            "_sglang_config_file_name",
+            lambda E, N, dtype, block, pcq, down: fn(E, N, dtype, block, pcq, down_moe=down),
         )
         monkeypatch.setattr(mt, "_deterministic_inference", lambda: False)
         monkeypatch.setenv(mt.USER_DIR_ENV, str(tmp_path / "user"))

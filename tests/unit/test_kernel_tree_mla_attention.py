@@ -13,9 +13,9 @@ import os
 
 import pytest
 import torch
+from support.child_process import run_pytest_in_fresh_process
 
 from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
-from support.child_process import run_pytest_in_fresh_process
 
 _ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
 with interpreter_imports():
@@ -53,7 +53,9 @@ def rel_err(a, b):
 
 def check(case, sm_scale, kv_lora, mask_form="bool", **kw):
     q, kv, r2t, pool, prefix, mask = case
-    ref, ref_lse = tm.tree_mla_attention_ref(q, kv, r2t, pool, prefix, mask, sm_scale, kv_lora_rank=kv_lora, return_lse=True)
+    ref, ref_lse = tm.tree_mla_attention_ref(
+        q, kv, r2t, pool, prefix, mask, sm_scale, kv_lora_rank=kv_lora, return_lse=True
+    )
     if mask_form == "int64":
         mask = tm.pack_tree_mask(mask)
     elif mask_form == "int32":

@@ -14,19 +14,20 @@ import os
 
 import pytest
 import torch
+from support.child_process import run_pytest_in_fresh_process
 
 from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
-from support.child_process import run_pytest_in_fresh_process
 
 _ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
 with interpreter_imports():
     from sglang_kimi.kernels import tree_verify as tv
 IN_PROCESS = interpreter_active()
 
-from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
-from sglang_kimi.speculators.verify import verify_greedy, verify_sampled  # noqa: E402
 from support.stats import chi2_pvalue, homogeneity_pvalue  # noqa: E402
 from support.verify_layout import twin  # noqa: E402
+
+from sglang_kimi.speculators.trees import DraftTree  # noqa: E402
+from sglang_kimi.speculators.verify import verify_greedy, verify_sampled  # noqa: E402
 
 POISON = -7  # sentinel for outputs a run must overwrite (or leave alone, where SGLang leaves them undefined)
 

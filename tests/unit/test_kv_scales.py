@@ -94,9 +94,20 @@ def test_reencode_is_exact_for_power_of_two_ratios():
 
 
 def _document(tmp_path, **overrides):
-    layers = {K.TARGET: {i: K.LayerScale(mla=True, k_amax=1000.0 * (i + 1), v_amax=900.0, k_scale=4.0 * (i + 1),
-                                         v_scale=4.0 * (i + 1), frozen=True) for i in range(3)},
-              K.DRAFT: {0: K.LayerScale(mla=False, k_amax=30.0, v_amax=2000.0, k_scale=0.125, v_scale=8.0)}}
+    layers = {
+        K.TARGET: {
+            i: K.LayerScale(
+                mla=True,
+                k_amax=1000.0 * (i + 1),
+                v_amax=900.0,
+                k_scale=4.0 * (i + 1),
+                v_scale=4.0 * (i + 1),
+                frozen=True,
+            )
+            for i in range(3)
+        },
+        K.DRAFT: {0: K.LayerScale(mla=False, k_amax=30.0, v_amax=2000.0, k_scale=0.125, v_scale=8.0)},
+    }
     doc = K.scales_document(layers, K.RULE, {K.TARGET: "KimiK25ForConditionalGeneration", K.DRAFT: "DFlash"})
     doc.update(overrides)
     path = tmp_path / "kv_scales.json"
@@ -146,8 +157,10 @@ def large_latent_model():
             layer.self_attn.kv_a_layernorm.weight.mul_(1000)
             layer.self_attn.kv_b_proj.weight.div_(1000)
     tok = PreTrainedTokenizerFast.from_pretrained(str(TINY_MODEL_DIR))
-    text = ("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-            "How many clips did Natalia sell altogether in April and May?\nAnswer: Natalia sold 48/2 = 24 clips in May.")
+    text = (
+        "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?\nAnswer: Natalia sold 48/2 = 24 clips in May."
+    )
     return model, torch.tensor([tok(text)["input_ids"]])
 
 
@@ -160,14 +173,15 @@ def _logprobs(model, ids, make_cache):
 
 def test_fp8_kv_with_scale_one_is_wrong_and_dynamic_scales_fix_it(large_latent_model):
     model, ids = large_latent_model
-    reference = _logprobs(model, ids, lambda i: (lambda row: row))  # float32 KV
-    bf16 = _logprobs(model, ids, lambda i: (lambda row: row.to(torch.bfloat16).float()))
+    reference = _logprobs(model, ids, lambda i: lambda row: row)  # float32 KV
+    bf16 = _logprobs(model, ids, lambda i: lambda row: row.to(torch.bfloat16).float())
     seen = {}
 
     def scale_one(i):
         def cache(row):
             seen[i] = row.abs().max().item()
             return K.fp8_load(K.fp8_store(row, 1.0), 1.0)
+
         return cache
 
     one = _logprobs(model, ids, scale_one)
@@ -179,21 +193,27 @@ def test_fp8_kv_with_scale_one_is_wrong_and_dynamic_scales_fix_it(large_latent_m
         def cache(row):
             state.observe(row.abs().max().item(), row[..., :256].abs().max().item(), row.shape[1], K.RULE)
             return K.fp8_load(K.fp8_store(row, state.k_scale), state.k_scale)
+
         return cache
 
     scaled = _logprobs(model, ids, dynamic)
 
     def stats(lp):
-        return ((lp - reference).abs().max().item(), (lp.argmax(-1) == reference.argmax(-1)).float().mean().item(),
-                (reference.exp() * (reference - lp)).sum(-1).mean().item())
+        return (
+            (lp - reference).abs().max().item(),
+            (lp.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+            (reference.exp() * (reference - lp)).sum(-1).mean().item(),
+        )
 
     assert min(seen.values()) > 448  # every layer's latent exceeds the e4m3 range
     err_bf16, top1_bf16, _ = stats(bf16)
     err_one, top1_one, kl_one = stats(one)
     err_dyn, top1_dyn, kl_dyn = stats(scaled)
-    print(f"bf16 KV: max err {err_bf16:.3g}, top-1 {top1_bf16:.3f}; fp8 scale 1.0: max err {err_one:.3g}, "
-          f"top-1 {top1_one:.3f}, KL {kl_one:.3g}; fp8 dynamic: max err {err_dyn:.3g}, top-1 {top1_dyn:.3f}, "
-          f"KL {kl_dyn:.3g}; scales {sorted({s.k_scale for s in states.values()})}")
+    print(
+        f"bf16 KV: max err {err_bf16:.3g}, top-1 {top1_bf16:.3f}; fp8 scale 1.0: max err {err_one:.3g}, "
+        f"top-1 {top1_one:.3f}, KL {kl_one:.3g}; fp8 dynamic: max err {err_dyn:.3g}, top-1 {top1_dyn:.3f}, "
+        f"KL {kl_dyn:.3g}; scales {sorted({s.k_scale for s in states.values()})}"
+    )
     assert top1_bf16 == 1.0 and err_bf16 < 0.05
     assert err_one > 1.0 and top1_one < 0.8  # measurably wrong: clipped latents
     # e4m3 keeps 3 mantissa bits (~6% steps): close to BF16 KV means the same top-1 tokens and a KL two orders
@@ -316,11 +336,12 @@ print("REPORT=" + json.dumps(report))
 def test_dynamic_and_file_scales_on_sglangs_pools(tmp_path):
     path = _document(tmp_path)
     env, _ = sglang_env(cpu=True)
-    out = subprocess.run([sys.executable, "-c", SGLANG_POOLS, str(path)], env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", SGLANG_POOLS, str(path)], env=env, capture_output=True, text=True, timeout=900
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("REPORT=")), None)
     assert out.returncode == 0 and line, out.stdout[-2000:] + out.stderr[-4000:]
-    r = json.loads(line[len("REPORT="):])
+    r = json.loads(line[len("REPORT=") :])
     # MLA: the scale grew with the second batch (250 -> 2000 sigma), the first batch was re-encoded, K == V scale
     first, second = r["mla_scales"]
     assert second >= 4 * first and r["mla_v_equals_k"] and r["sibling_scale"] == second
@@ -360,7 +381,9 @@ def test_calibrate_kv_errors(capsys, tmp_path):
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps({"question": "How many?", "answer": "#### 1"}) + "\n")
     out = str(tmp_path / "s.json")
-    code, line = _calibrate(capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", out, "--data-dir", str(data))
+    code, line = _calibrate(
+        capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", out, "--data-dir", str(data)
+    )
     assert code == 2 and "no SGLang server answers" in line and "--base-url" in line
     code, line = _calibrate(capsys, "--base-url", "http://x", "--out", out, "--data-dir", str(tmp_path))
     assert code == 2 and "has no train.jsonl" in line and "--data-dir" in line

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.options import PluginArgs
 from sglang_kimi.metrics import AcceptanceStats, max_draft_depth
+from sglang_kimi.options import PluginArgs
 
 
 def test_counts_per_position_and_histogram():
@@ -33,12 +33,18 @@ def test_tau_matches_mean_output_tokens_per_step():
 
 
 def test_max_depth_per_configuration():
-    spec = lambda **kw: SimpleNamespace(**{"speculative_eagle_topk": 1, "speculative_num_steps": 3, **kw})
+    def spec(**kw):
+        return SimpleNamespace(**{"speculative_eagle_topk": 1, "speculative_num_steps": 3, **kw})
+
     none = PluginArgs()
     assert max_draft_depth(spec(speculative_algorithm="DFLASH", speculative_num_draft_tokens=8), none) == 7
     assert max_draft_depth(spec(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4), none) == 3
-    tree = spec(speculative_algorithm="EAGLE3", speculative_eagle_topk=4, speculative_num_steps=5,
-                speculative_num_draft_tokens=16)
+    tree = spec(
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=4,
+        speculative_num_steps=5,
+        speculative_num_draft_tokens=16,
+    )
     assert max_draft_depth(tree, none) == 5
     ddtree = PluginArgs(dflash_tree_budget=32, dflash_tree_block=8)
     assert max_draft_depth(spec(speculative_algorithm="DFLASH", speculative_num_draft_tokens=33), ddtree) == 7

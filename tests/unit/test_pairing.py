@@ -19,6 +19,7 @@ from _drafter_helpers import (
     ZLAB_DFLASH,
     fixture,
 )
+
 from sglang_kimi.speculators.configs import DFlashConfig, DrafterConfigError, Eagle3Config, drafter_algorithm
 from sglang_kimi.speculators.pairing import DrafterMismatchError, TargetInfo, validate_pair
 

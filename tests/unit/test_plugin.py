@@ -98,7 +98,7 @@ def _run_probe(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT=")]
     assert lines, out.stderr[-3000:]
-    return json.loads(lines[0][len("RESULT="):])
+    return json.loads(lines[0][len("RESULT=") :])
 
 
 def test_register_is_idempotent_through_sglang_loader():

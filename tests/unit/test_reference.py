@@ -10,8 +10,18 @@ import torch
 from _spec_helpers import random_tree, single_thread  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, EagleProposer, Proposal, causal_mask, generate, tree_verify_inputs
 from support.targets import TinyTarget, hf_target
+
+from sglang_kimi.speculators.reference.loop import (
+    ChainProposer,
+    DDTreeProposer,
+    DraftContext,
+    EagleProposer,
+    Proposal,
+    causal_mask,
+    generate,
+    tree_verify_inputs,
+)
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import process_logits
 

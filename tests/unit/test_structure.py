@@ -98,7 +98,9 @@ def test_speculators_import_no_sglang_and_only_the_kernels():
             continue
         tree = ast.parse(path.read_text())
         roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        roots |= {
+            n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        }
         assert "sglang" not in roots, name
         outside = {m for m in edges[name] if not m.startswith(("sglang_kimi.speculators", "sglang_kimi.kernels"))}
         assert not outside, (name, outside)

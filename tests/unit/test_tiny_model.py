@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
+from support.data import gsm8k_items
 
 from sglang_kimi.models import tiny
-from support.data import gsm8k_items
+from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 ASSET = tiny.TINY_MODEL_DIR
 
@@ -209,8 +209,10 @@ def test_weights_use_real_checkpoint_names_and_cover_sglang(config, checkpoint):
     want = sglang_param_shapes(config)
     assert set(got) == set(want), f"missing {set(want) - set(got)}; unexpected {set(got) - set(want)}"
     assert got == want
-    assert all(k.startswith(("language_model.model.", "language_model.lm_head.", "vision_tower.", "mm_projector."))
-               for k in checkpoint)
+    assert all(
+        k.startswith(("language_model.model.", "language_model.lm_head.", "vision_tower.", "mm_projector."))
+        for k in checkpoint
+    )
     for k, v in checkpoint.items():
         assert v.dtype == (torch.float32 if k.endswith("e_score_correction_bias") else torch.bfloat16), k
 

@@ -22,7 +22,7 @@ def test_full_mask_layout_per_request():
     n = 4
     assert flat.numel() == sum(n * (p + n) for p in prefix_lens)
     first = flat[: n * (2 + n)].view(n, 2 + n)
-    second = flat[n * (2 + n):].view(n, 3 + n)
+    second = flat[n * (2 + n) :].view(n, 3 + n)
     assert first[:, :2].all() and second[:, :3].all()
     assert torch.equal(first[:, 2:], tree.ancestor_mask()[0])
     assert torch.equal(second[:, 3:], tree.ancestor_mask()[1])

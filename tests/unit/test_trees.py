@@ -16,9 +16,19 @@ from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_kimi.speculators.trees import NO_NODE, NO_PARENT, PAD_TOKEN_ID, DraftTree, build_chain, build_eagle_tree, draft_eagle_tree, topk_lowest_index_ties
+
 from sglang_kimi.speculators.ddtree import build_ddtree
 from sglang_kimi.speculators.reference.heap import ddtree_heap
+from sglang_kimi.speculators.trees import (
+    NO_NODE,
+    NO_PARENT,
+    PAD_TOKEN_ID,
+    DraftTree,
+    build_chain,
+    build_eagle_tree,
+    draft_eagle_tree,
+    topk_lowest_index_ties,
+)
 from sglang_kimi.speculators.verify import verify_greedy
 
 FAST = settings(max_examples=40, deadline=None)

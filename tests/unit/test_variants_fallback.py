@@ -81,15 +81,18 @@ name = lambda m: type(m).__name__ if m is not None else None
 assert name(ct.get_quant_method(moe, "model.layers.1.mlp.experts")) == "DequantFusedMoEMethod"
 assert name(ct.get_quant_method(linear, "model.layers.1.mlp.shared_experts.gate_up_proj")) == "UnquantizedLinearMethod"
 assert name(quark.get_quant_method(moe, "language_model.model.layers.1.mlp.experts")) == "DequantFusedMoEMethod"
-assert name(quark.get_quant_method(linear, "language_model.model.layers.1.self_attn.q_a_proj")) == "UnquantizedLinearMethod"
+LAYER = "language_model.model.layers.1."
+assert name(quark.get_quant_method(linear, LAYER + "self_attn.q_a_proj")) == "UnquantizedLinearMethod"
 assert torch.float32 in ct.get_supported_act_dtypes() and torch.float32 in quark.get_supported_act_dtypes()
 assert not ct.can_fuse_shared_expert() and not quark.can_fuse_shared_expert()
 
 # a quantized dense layer (amd/Kimi-K2.5-MXFP4 quantizes the shared experts too): dequantized Linear
 wide = quark_cls.from_config(F.mxfp4_quantization_config(F.AMD_K25_MXFP4_EXCLUDE)
                              | {"packed_modules_mapping": {}, "hf_config": None})
-assert name(wide.get_quant_method(linear, "language_model.model.layers.1.mlp.shared_experts.down_proj")) == "DequantLinearMethod"
-wide_ct = ct_cls.from_config(F.int4_quantization_config(["re:.*lm_head.*", "re:.*self_attn.*"]) | {"packed_modules_mapping": {}})
+assert name(wide.get_quant_method(linear, LAYER + "mlp.shared_experts.down_proj")) == "DequantLinearMethod"
+wide_ct = ct_cls.from_config(
+    F.int4_quantization_config(["re:.*lm_head.*", "re:.*self_attn.*"]) | {"packed_modules_mapping": {}}
+)
 assert name(wide_ct.get_quant_method(linear, "model.layers.1.mlp.shared_experts.down_proj")) == "DequantLinearMethod"
 
 # a GPU with the native kernel keeps SGLang's methods (SGLang's GPU capability check is skipped on this CPU)
@@ -99,7 +102,7 @@ assert name(ct.get_quant_method(moe, "model.layers.1.mlp.experts")) == "Compress
 assert torch.float32 not in ct.get_supported_act_dtypes()
 fb.current_device = lambda: fb.Device("rocm", gfx95=True, aiter=True)
 assert name(quark.get_quant_method(moe, "language_model.model.layers.1.mlp.experts")) == "QuarkFusedMoEMethod"
-assert name(wide.get_quant_method(linear, "language_model.model.layers.1.mlp.shared_experts.down_proj")) == "QuarkLinearMethod"
+assert name(wide.get_quant_method(linear, LAYER + "mlp.shared_experts.down_proj")) == "QuarkLinearMethod"
 # ... and an H100 with an MXFP4 checkpoint falls back
 fb.current_device = lambda: fb.Device("cuda", capability=(9, 0))
 assert name(quark.get_quant_method(moe, "language_model.model.layers.1.mlp.experts")) == "DequantFusedMoEMethod"

@@ -60,7 +60,11 @@ def test_int4_config_is_kimi_k26s_and_validates_with_compressed_tensors():
     parsed = QuantizationConfig.model_validate(block)
     weights = parsed.config_groups["group_0"].weights
     assert (weights.num_bits, weights.type, weights.symmetric, weights.strategy, weights.group_size) == (
-        4, "int", True, "group", 32
+        4,
+        "int",
+        True,
+        "group",
+        32,
     )
     assert parsed.format == "pack-quantized" and parsed.quant_method == "compressed-tensors"
     assert parsed.config_groups["group_0"].targets == ["Linear"]
@@ -116,8 +120,9 @@ print("OK")
 def test_mxfp4_decoding_is_sglangs():
     """SGLang's two MXFP4 decoders (ModelOpt's MXFP4QuantizeUtil, Quark's bf16 dequant) read our bytes alike."""
     env, _ = sglang_env(cpu=True)
-    out = subprocess.run([sys.executable, "-c", SGLANG_MXFP4_CHECK], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", SGLANG_MXFP4_CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 
@@ -190,9 +195,16 @@ def test_mxfp4_variant_layout(variants):
     assert q["quant_method"] == "quark" and F.format_of(cfg) == F.MXFP4
     assert q["export"]["pack_method"] == "reorder" and q["export"]["weight_format"] == "real_quantized"
     assert q["export"]["kv_cache_group"] == []
-    for spec, dynamic in ((q["global_quant_config"]["weight"], False), (q["global_quant_config"]["input_tensors"], True)):
+    for spec, dynamic in (
+        (q["global_quant_config"]["weight"], False),
+        (q["global_quant_config"]["input_tensors"], True),
+    ):
         assert (spec["dtype"], spec["qscheme"], spec["group_size"], spec["scale_format"], spec["is_dynamic"]) == (
-            "fp4", "per_group", 32, "e8m0", dynamic
+            "fp4",
+            "per_group",
+            32,
+            "e8m0",
+            dynamic,
         )
     assert q["exclude"] == list(F.KIMI_K26_MXFP4_EXCLUDE)
     src, sd = _tensors(TINY_MODEL_DIR), _tensors(variants[F.MXFP4])

@@ -49,12 +49,20 @@ def test_kimi_release(name, release):
 
 
 def test_declared_target_heuristic_order():
-    explicit = dict(ZLAB_K25_DFLASH, dflash_config=dict(ZLAB_K25_DFLASH["dflash_config"], target_model="amd/Kimi-K2.5-MXFP4"))
+    explicit = dict(
+        ZLAB_K25_DFLASH, dflash_config=dict(ZLAB_K25_DFLASH["dflash_config"], target_model="amd/Kimi-K2.5-MXFP4")
+    )
     explicit["_name_or_path"] = "z-lab/Kimi-K2.6-DFlash"
-    assert P.declared_target(explicit, "/ckpt/Kimi-K2.6-DFlash") == ("amd/Kimi-K2.5-MXFP4", "dflash_config.target_model")
+    assert P.declared_target(explicit, "/ckpt/Kimi-K2.6-DFlash") == (
+        "amd/Kimi-K2.5-MXFP4",
+        "dflash_config.target_model",
+    )
     named = dict(ZLAB_K25_DFLASH, _name_or_path="z-lab/Kimi-K2.5-DFlash")
     assert P.declared_target(named, "/ckpt/drafter") == ("z-lab/Kimi-K2.5-DFlash", "_name_or_path")
-    assert P.declared_target(ZLAB_K25_DFLASH, "z-lab/Kimi-K2.5-DFlash") == ("z-lab/Kimi-K2.5-DFlash", "draft model path")
+    assert P.declared_target(ZLAB_K25_DFLASH, "z-lab/Kimi-K2.5-DFlash") == (
+        "z-lab/Kimi-K2.5-DFlash",
+        "draft model path",
+    )
     assert P.declared_target(ZLAB_K25_DFLASH, "/ckpt/my-drafter") == (None, "nothing")
 
 
@@ -65,12 +73,19 @@ def test_served_quantization_from_the_target_config():
     w4a8 = kimi_target("mxfp4")
     w4a8["quantization_config"]["global_quant_config"]["input_tensors"]["dtype"] = "fp8_e4m3"
     assert P.served_quantization(w4a8) == "w4a8"
-    assert P.served_quantization({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}) == "nvfp4"
+    assert (
+        P.served_quantization({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}) == "nvfp4"
+    )
 
 
 def test_k25_drafter_on_k26_target_warns_with_the_published_finding():
-    warnings = P.pairing_warnings(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8,
-                                  target_path="moonshotai/Kimi-K2.6", draft_path="z-lab/Kimi-K2.5-DFlash")
+    warnings = P.pairing_warnings(
+        kimi_target("int4"),
+        ZLAB_K25_DFLASH,
+        num_draft_tokens=8,
+        target_path="moonshotai/Kimi-K2.6",
+        draft_path="z-lab/Kimi-K2.5-DFlash",
+    )
     assert len(warnings) == 1
     text = warnings[0]
     assert "Kimi-K2.5" in text and "Kimi-K2.6" in text and "16%" in text and "50%" in text
@@ -78,10 +93,22 @@ def test_k25_drafter_on_k26_target_warns_with_the_published_finding():
 
 
 def test_matching_or_undeclared_pairs_do_not_warn():
-    assert P.pairing_warnings(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8,
-                              target_path="moonshotai/Kimi-K2.5", draft_path="z-lab/Kimi-K2.5-DFlash") == []
-    assert P.pairing_warnings(kimi_target("int4"), ZLAB_K25_DFLASH, target_path="/models/target",
-                              draft_path="/models/drafter") == []
+    assert (
+        P.pairing_warnings(
+            kimi_target("int4"),
+            ZLAB_K25_DFLASH,
+            num_draft_tokens=8,
+            target_path="moonshotai/Kimi-K2.5",
+            draft_path="z-lab/Kimi-K2.5-DFlash",
+        )
+        == []
+    )
+    assert (
+        P.pairing_warnings(
+            kimi_target("int4"), ZLAB_K25_DFLASH, target_path="/models/target", draft_path="/models/drafter"
+        )
+        == []
+    )
     # a K2.6 drafter on the K2.6 MXFP4 export it declares
     declared = copy.deepcopy(ZLAB_K25_DFLASH)
     declared["dflash_config"]["target_model_name_or_path"] = "community/Kimi-K2.6-MXFP4"
@@ -94,8 +121,9 @@ def test_int4_vs_mxfp4_training_target_warns():
     warnings = P.pairing_warnings(kimi_target("int4"), declared, target_path="moonshotai/Kimi-K2.5")
     assert len(warnings) == 1 and "MXFP4" in warnings[0] and "INT4" in warnings[0] and "lossless" in warnings[0]
     # a drafter named after Moonshot's (INT4) release, served on an MXFP4 export of the same release
-    warnings = P.pairing_warnings(kimi_target("mxfp4"), ZLAB_K25_DFLASH, target_path="amd/Kimi-K2.5-MXFP4",
-                                  draft_path="z-lab/Kimi-K2.5-DFlash")
+    warnings = P.pairing_warnings(
+        kimi_target("mxfp4"), ZLAB_K25_DFLASH, target_path="amd/Kimi-K2.5-MXFP4", draft_path="z-lab/Kimi-K2.5-DFlash"
+    )
     assert len(warnings) == 1 and "trained on the INT4 checkpoint" in warnings[0]
 
 
@@ -104,8 +132,13 @@ def test_incompatible_vocab_is_an_error():
     with pytest.raises(DrafterMismatchError, match="vocab_size: drafter has 151936, target has 163840"):
         P.validate_pair(kimi_target("int4"), other_vocab, num_draft_tokens=8, expected_algorithm="DFLASH")
     P.validate_pair(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8, expected_algorithm="DFLASH")
-    found = P.pairing_warnings(kimi_target("int4"), ZLAB_K25_DFLASH, num_draft_tokens=8,
-                               target_path="moonshotai/Kimi-K2.6", draft_path="z-lab/Kimi-K2.5-DFlash")
+    found = P.pairing_warnings(
+        kimi_target("int4"),
+        ZLAB_K25_DFLASH,
+        num_draft_tokens=8,
+        target_path="moonshotai/Kimi-K2.6",
+        draft_path="z-lab/Kimi-K2.5-DFlash",
+    )
     assert len(found) == 1
 
 
@@ -136,15 +169,23 @@ except DrafterMismatchError as exc:
 
 
 def test_startup_path_warns_and_refuses(tmp_path):
-    dirs = {"target": tmp_path / "Kimi-K2.6", "drafter": tmp_path / "Kimi-K2.5-DFlash", "bad": tmp_path / "Qwen3-DFlash"}
-    configs = {"target": kimi_target("int4"), "drafter": ZLAB_K25_DFLASH,
-               "bad": dict(ZLAB_K25_DFLASH, vocab_size=151936)}
+    dirs = {
+        "target": tmp_path / "Kimi-K2.6",
+        "drafter": tmp_path / "Kimi-K2.5-DFlash",
+        "bad": tmp_path / "Qwen3-DFlash",
+    }
+    configs = {
+        "target": kimi_target("int4"),
+        "drafter": ZLAB_K25_DFLASH,
+        "bad": dict(ZLAB_K25_DFLASH, vocab_size=151936),
+    }
     for key, path in dirs.items():
         path.mkdir()
         (path / "config.json").write_text(json.dumps(configs[key]))
     env, _ = sglang_env(cpu=True)
-    out = subprocess.run([sys.executable, "-c", STARTUP, *map(str, dirs.values())], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", STARTUP, *map(str, dirs.values())], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "WARNINGS 1" in out.stdout and "sglang-kimi: the drafter was trained for Kimi-K2.5" in out.stdout
     assert "acceptance 16% at 8 draft tokens" in out.stdout

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.stats import chi2_pvalue
 from _spec_helpers import random_tree, sglang_speculative, single_thread  # noqa: F401
+from support.stats import chi2_pvalue
+
 from sglang_kimi.speculators.trees import NO_NODE, PAD_TOKEN_ID, DraftTree, build_chain
 from sglang_kimi.speculators.verify import (
     VerifyResult,

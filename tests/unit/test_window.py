@@ -62,8 +62,6 @@ def test_committed_tokens_follow_the_permuted_window():
         assert path_tokens == result.output_tokens[b, :k].tolist()
 
 
-
-
 def test_gather_rows_reorders_each_request():
     rows = torch.arange(12).view(6, 2)  # [B*N, C]: B = 2, N = 3
     order = torch.tensor([[0, 2, 1], [2, 0, 1]])

@@ -239,7 +239,13 @@ def _dequant_linear_class():
             self.scheme = scheme
 
         def create_weights(
-            self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype,
+            self,
+            layer,
+            input_size_per_partition,
+            output_partition_sizes,
+            input_size,
+            output_size,
+            params_dtype,
             **extra_weight_attrs,
         ):
             self.params_dtype = params_dtype

@@ -10,6 +10,7 @@ from sglang_kimi.cpu.sgl_kernel_ops import OPS
 __version__ = "0.0.0+sglang_kimi_cpu_shim"
 SHIM = True
 
+
 class _MissingOp:
     """An sgl_kernel op the CPU shim does not implement."""
 
@@ -30,6 +31,7 @@ class _MissingOp:
     def __repr__(self) -> str:
         return f"<missing sgl_kernel op {self._qualname}>"
 
+
 def _module_getattr(module_name: str):
     def __getattr__(name: str):
         if name.startswith("__"):
@@ -39,6 +41,7 @@ def _module_getattr(module_name: str):
         return _MissingOp(f"{module_name}.{name}")
 
     return __getattr__
+
 
 __getattr__ = _module_getattr("sgl_kernel")
 

@@ -1,0 +1,21 @@
+"""The repository passes ruff's lint and format checks, as configured in pyproject.toml."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_check():
+    result = ruff("check", ".")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_ruff_format():
+    result = ruff("format", "--check", ".")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
