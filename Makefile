@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.sglang-kimi-installed
 SGLANG_VERSION := 0.5.23
 
-.PHONY: install demo test test-unit test-e2e clean
+.PHONY: install demo test test-unit test-statistical test-e2e clean
 
 $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,10 +27,13 @@ demo: install
 	$(VENV)/bin/sglang-kimi demo
 
 test: install
-	$(PY) -m pytest -q -ra tests/unit tests/e2e
+	$(PY) -m pytest -q -ra tests/unit tests/statistical tests/e2e
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit
+
+test-statistical: install
+	$(PY) -m pytest -q -ra tests/statistical
 
 test-e2e: install
 	$(PY) -m pytest -q -ra tests/e2e

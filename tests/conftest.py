@@ -1,8 +1,25 @@
-"""Shared by every test folder: ``tests/`` on ``sys.path`` so that ``support`` (the tests' own machinery) imports."""
+"""Shared by every test folder.
+
+- ``tests/`` is on ``sys.path`` so that ``support`` (the tests' own machinery) imports.
+- Each folder is a layer, marked so that any layer can be selected (``pytest -m statistical``):
+  ``unit`` (fast, CPU, no server), ``statistical`` (distribution tests, large samples), ``e2e`` (real SGLang server
+  processes on CPU), ``gpu`` (a CUDA or ROCm device).
+"""
 
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+LAYERS = ("unit", "statistical", "e2e", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        layer = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))

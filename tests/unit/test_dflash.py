@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from _drafter_helpers import (
+from support.drafter_models import (
     ASSET_BUDGET_BYTES,
     DFLASH_ASSET,
     ZLAB_DFLASH,

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from _drafter_helpers import (
+from support.drafter_models import (
     ASSET_BUDGET_BYTES,
     EAGLE3_ASSET,
     EAGLE3_GQA,

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from _fake_servers import serve, sglang_payloads
+from support.fake_servers import serve, sglang_payloads
 
 from sglang_kimi import cli
 from sglang_kimi.evals.errors import EvalError

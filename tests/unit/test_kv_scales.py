@@ -373,7 +373,7 @@ def _calibrate(capsys, *args) -> tuple[int, str]:
 
 
 def test_calibrate_kv_errors(capsys, tmp_path):
-    from _fake_servers import serve, sglang_payloads
+    from support.fake_servers import serve, sglang_payloads
 
     from sglang_kimi.server import free_port
 

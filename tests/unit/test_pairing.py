@@ -8,7 +8,7 @@ import copy
 import json
 
 import pytest
-from _drafter_helpers import (
+from support.drafter_models import (
     DFLASH_ASSET,
     EAGLE3_ASSET,
     EAGLE3_GQA,
@@ -261,7 +261,7 @@ def test_embedded_drafters_load_with_sglang_loaders():
     import subprocess
     import sys
 
-    from _drafter_helpers import REPO
+    from support.drafter_models import REPO
 
     script = REPO / "scripts" / "_drafter_sglang_check.py"
     run = subprocess.run(

@@ -7,9 +7,9 @@ import functools
 
 import pytest
 import torch
-from _spec_helpers import random_tree, single_thread  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.spec_helpers import random_tree, single_thread  # noqa: F401
 from support.targets import TinyTarget, hf_target
 
 from sglang_kimi.speculators.reference.loop import (

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
     children_of,
     ddtree_brute_force,
     path_to_root,
@@ -14,8 +16,6 @@ from _spec_helpers import (  # noqa: F401 (single_thread is an autouse fixture)
     single_thread,
     tree_lists,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from sglang_kimi.speculators.ddtree import build_ddtree
 from sglang_kimi.speculators.reference.heap import ddtree_heap

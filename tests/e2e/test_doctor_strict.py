@@ -7,11 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from sglang_kimi import audit, doctor
-
-pytestmark = pytest.mark.e2e  # starts SGLang processes (doctor's probe)
 
 
 def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tmp_path=None):
