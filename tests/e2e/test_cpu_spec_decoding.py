@@ -34,18 +34,15 @@ from spec_common import (
     sampled_pit_pvalue,
     spec_metrics,
 )
+from support.servers import launch as launch_server
 
 from sglang_kimi.server import (
-    ServerProcess,
     fetch_plugin_state,
-    free_port,
     group_alive,
-    launch_command,
 )
 
 pytestmark = pytest.mark.e2e
 
-START_TIMEOUT = 900.0
 NUM_PROMPTS = 20
 # tau of a server may sit a little below the reference loop's: float32 drafts on another code path can rank two
 # near-tied candidates the other way. Anything lower means drafts or acceptance are lost.
@@ -80,16 +77,8 @@ CONFIGS = {
 }  # fmt: skip
 
 
-def launch(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
-    spec = launch_command(KIMI_CPU + ["--enable-metrics"] + args, port=free_port())
-    spec.env.update(env or {})
-    server = ServerProcess(spec, tmp_path_factory.mktemp(name) / "server.log")
-    try:
-        server.wait_ready(START_TIMEOUT)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+def launch(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None):
+    return launch_server(tmp_path_factory, name, KIMI_CPU + ["--enable-metrics"] + args, env)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,224 @@
+"""No request can kill a speculative server: a matrix of bad and unusual requests against a DFLASH-tree server (each
+answered 4xx or validly, the server healthy after every one, greedy parity after all of them), and 200 concurrent
+mixed greedy / sampled requests with clients dropping their streams midway, against DFLASH-tree and EAGLE3-tree
+servers (every greedy output equal to the non-speculative server's)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, spec_metrics
+from support.servers import launch
+
+DFLASH_TREE = [
+    *KIMI_CPU,
+    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
+    "--speculative-dflash-tree-budget", "16",
+]  # fmt: skip
+EAGLE3_TREE = [
+    *KIMI_CPU,
+    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+    "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+]  # fmt: skip
+VOCAB = 4096
+PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def tree_server(tmp_path_factory):
+    server = launch(tmp_path_factory, "reliability_dflash_tree", DFLASH_TREE)
+    yield server
+    server.stop()
+
+
+def body(max_new_tokens: int = 8, **sampling) -> dict:
+    return {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
+
+
+def is_digits(out: dict) -> bool:
+    return re.fullmatch(r"[0-9]+", out["text"]) is not None
+
+
+def is_yes_or_no(out: dict) -> bool:
+    return out["text"] in ('"yes"', '"no"')
+
+
+# (name, path, JSON body or raw text, expected: "4xx" or a check of the 200 answer)
+MATRIX = [
+    ("prompt longer than the context", "/generate", {"input_ids": [5] * 5000}, "4xx"),
+    ("token id above the vocabulary", "/generate", {"input_ids": [1, 2, 10_000_000]}, "4xx"),
+    ("token id at the vocabulary size", "/generate", {"input_ids": [1, VOCAB]}, "4xx"),
+    ("negative token id", "/generate", {"input_ids": [1, -3]}, "4xx"),
+    ("non-integer token id", "/generate", {"input_ids": [1.5, 2]}, "4xx"),
+    ("a batch with one bad prompt", "/generate", {"input_ids": [[1, 2], [3, 10_000_000]]}, "4xx"),
+    ("empty text", "/generate", {"text": ""}, "4xx"),
+    ("empty input_ids", "/generate", {"input_ids": []}, "4xx"),
+    ("negative temperature", "/generate", body(temperature=-1.0), "4xx"),
+    ("NaN temperature", "/generate", '{"text": "hi", "sampling_params": {"temperature": NaN}}', "4xx"),
+    ("top_p 0", "/generate", body(temperature=1.0, top_p=0.0), "4xx"),
+    ("top_k 0", "/generate", body(temperature=1.0, top_k=0), "4xx"),
+    ("min_p above 1", "/generate", body(temperature=1.0, min_p=2.0), "4xx"),
+    ("max_new_tokens beyond the context", "/generate", body(max_new_tokens=10**9), "4xx"),
+    ("malformed JSON", "/generate", "{not json", "4xx"),
+    ("sampling_params of the wrong type", "/generate", {"text": PROMPT, "sampling_params": "abc"}, "4xx"),
+    ("max_new_tokens of the wrong type", "/generate", body(max_new_tokens="ten"), "4xx"),
+    ("logit_bias outside the vocabulary", "/generate", body(logit_bias={str(10**8): 5.0}), "4xx"),
+    (
+        "OpenAI completion, bad token id",
+        "/v1/completions",
+        {"model": "m", "prompt": [1, 10**8], "max_tokens": 4},
+        "4xx",
+    ),
+    ("OpenAI completion, empty prompt", "/v1/completions", {"model": "m", "prompt": "", "max_tokens": 4}, "4xx"),
+    ("OpenAI chat, no messages", "/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 4}, "4xx"),
+    ("top_k -1 (no top-k)", "/generate", body(temperature=1.0, top_k=-1), lambda o: len(o["output_ids"]) == 8),
+    ("max_new_tokens 0", "/generate", body(max_new_tokens=0), lambda o: o["output_ids"] == []),
+    ("huge temperature", "/generate", body(temperature=1e9), lambda o: len(o["output_ids"]) == 8),
+    ("n = 2", "/generate", body(n=2, temperature=0.8), lambda o: isinstance(o, list) and len(o) == 2),
+    (
+        "log-probabilities with top-k",
+        "/generate",
+        {**body(), "return_logprob": True, "top_logprobs_num": 5},
+        lambda o: all(len(row) == 5 for row in o["meta_info"]["output_top_logprobs"]),
+    ),
+    ("regex constraint", "/generate", body(6, regex="[0-9]+"), is_digits),
+    (
+        "JSON-schema constraint",
+        "/generate",
+        body(8, json_schema=json.dumps({"type": "string", "enum": ["yes", "no"]})),
+        is_yes_or_no,
+    ),
+    ("stop string", "/generate", body(40, stop=["="]), lambda o: "=" not in o["text"]),
+    ("stop token id", "/generate", body(40, stop_token_ids=[13]), lambda o: o["output_ids"][-1] == 13),
+    (
+        "penalties",
+        "/generate",
+        body(temperature=0.7, frequency_penalty=1.5, presence_penalty=1.0, repetition_penalty=1.3),
+        lambda o: len(o["output_ids"]) == 8,
+    ),
+    ("sampling seed", "/generate", body(temperature=1.0, sampling_seed=123), lambda o: len(o["output_ids"]) == 8),
+    ("logit bias", "/generate", body(logit_bias={"5": 100.0}), lambda o: o["output_ids"] == [5] * 8),
+    ("streaming, bad token id", "/generate", {"input_ids": [1, 10_000_000], "stream": True}, "error-event"),
+    (
+        "OpenAI completion",
+        "/v1/completions",
+        {"model": "m", "prompt": PROMPT, "max_tokens": 4, "logprobs": 3},
+        lambda o: o["choices"][0]["text"],
+    ),
+    (
+        "OpenAI chat",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        lambda o: o["choices"][0]["message"]["content"] is not None,
+    ),
+]
+
+
+def post(url: str, path: str, payload) -> requests.Response:
+    if isinstance(payload, str):
+        return requests.post(url + path, data=payload, headers={"Content-Type": "application/json"}, timeout=600)
+    return requests.post(url + path, json=payload, timeout=600)
+
+
+def test_bad_and_unusual_requests(tree_server, tiny_server):
+    url = tree_server.base_url
+    prompts = gsm8k_prompts(4)
+    before = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=24)]
+    for name, path, payload, expected in MATRIX:
+        response = post(url, path, payload)
+        if expected == "4xx":
+            assert 400 <= response.status_code < 500, f"{name}: HTTP {response.status_code} {response.text[:300]}"
+        elif expected == "error-event":
+            assert response.status_code == 200 and '"error"' in response.text and "vocabulary" in response.text, name
+        else:
+            assert response.status_code == 200, f"{name}: HTTP {response.status_code} {response.text[:300]}"
+            assert expected(response.json()), f"{name}: {response.text[:300]}"
+        assert requests.get(url + "/health", timeout=60).status_code == 200, f"the server is down after: {name}"
+    after = [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=24)]
+    assert after == before, "greedy output after the matrix differs from the non-speculative server's"
+
+
+# -- 200 concurrent mixed requests, 20 clients dropping their streams --------------------------------------------
+
+CONCURRENT = 200
+DROPPED = 20
+SAMPLED = 80
+TOKENS = 8
+
+
+def stream_and_drop(url: str, prompt: str) -> int:
+    """A streaming request whose client hangs up after the first chunks; returns the chunks read."""
+    payload = {"text": prompt, "stream": True, "sampling_params": {"max_new_tokens": 64, "temperature": 0.0}}
+    with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as response:
+        assert response.status_code == 200
+        chunks = 0
+        for line in response.iter_lines():
+            if line.startswith(b"data:"):
+                chunks += 1
+            if chunks >= 2:
+                break  # the connection closes here, mid-stream
+    return chunks
+
+
+@pytest.fixture(scope="module")
+def mixed_prompts():
+    return gsm8k_prompts(CONCURRENT - SAMPLED - DROPPED)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(tiny_server, mixed_prompts):
+    return [o["output_ids"] for o in generate_all(tiny_server.base_url, mixed_prompts, 8, max_new_tokens=TOKENS)]
+
+
+@pytest.fixture(scope="module", params=["dflash-tree", "eagle3-tree"])
+def spec_server(request, tmp_path_factory, tree_server):
+    if request.param == "dflash-tree":
+        yield tree_server
+        return
+    server = launch(tmp_path_factory, "reliability_eagle3_tree", EAGLE3_TREE)
+    yield server
+    server.stop()
+
+
+def test_200_concurrent_mixed_requests_with_dropped_streams(spec_server, mixed_prompts, greedy_reference):
+    url = spec_server.base_url
+    rng = random.Random(0)
+    jobs = [("greedy", i) for i in range(len(mixed_prompts))]
+    jobs += [("sampled", i) for i in range(SAMPLED)] + [("dropped", i) for i in range(DROPPED)]
+    rng.shuffle(jobs)
+    lock = threading.Lock()
+    results: dict[tuple[str, int], object] = {}
+
+    def run(job):
+        kind, i = job
+        if kind == "greedy":
+            out = generate_all(url, [mixed_prompts[i]], 1, max_new_tokens=TOKENS)[0]
+        elif kind == "sampled":
+            prompt = mixed_prompts[i % len(mixed_prompts)]
+            out = generate_all(url, [prompt], 1, max_new_tokens=TOKENS, temperature=0.8, top_p=0.9)[0]
+        else:
+            out = stream_and_drop(url, mixed_prompts[i])
+        with lock:
+            results[job] = out
+
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        list(pool.map(run, jobs))
+    assert len(results) == CONCURRENT
+    for i, reference in enumerate(greedy_reference):
+        assert results[("greedy", i)]["output_ids"] == reference, f"greedy request {i} differs under load"
+    for i in range(SAMPLED):  # complete answers (a sampled answer may end early on an end-of-turn token)
+        out = results[("sampled", i)]
+        assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop"), out["meta_info"]
+        assert 1 <= len(out["output_ids"]) <= TOKENS and all(0 <= t < VOCAB for t in out["output_ids"])
+    assert all(results[("dropped", i)] >= 1 for i in range(DROPPED))
+    # the dropped requests were aborted, not left running: the server is idle and still serves
+    assert requests.get(url + "/health", timeout=60).status_code == 200
+    info = requests.get(url + "/server_info", timeout=60).json()
+    assert sum(state.get("num_running_reqs", 0) or 0 for state in info.get("internal_states", [])) == 0, info
+    assert spec_metrics(url)["steps"] > 0
