@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import random
 import sys
 import time
@@ -23,6 +22,7 @@ from sglang_kimi.server import ASSETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 from support.data import GSM8K_DIR  # noqa: E402
+from support.stats import uniform_pvalue  # noqa: E402
 
 TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
@@ -224,40 +224,6 @@ def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
     return values, outside
 
 
-def chi_square_uniform_pvalue(values: list[float], bins: int = PIT_BINS) -> float:
-    counts = [0] * bins
-    for u in values:
-        counts[min(int(u * bins), bins - 1)] += 1
-    expected = len(values) / bins
-    stat = sum((c - expected) ** 2 / expected for c in counts)
-    return chi2_sf(stat, bins - 1)
-
-
-def chi2_sf(x: float, k: int) -> float:
-    """Survival function of the chi-square distribution with k degrees of freedom (regularised upper gamma)."""
-    a, z = k / 2.0, x / 2.0
-    if z <= 0:
-        return 1.0
-    if z < a + 1:  # series for the lower gamma
-        term = total = 1.0 / a
-        n = a
-        for _ in range(1000):
-            n += 1
-            term *= z / n
-            total += term
-        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
-    # continued fraction for the upper gamma
-    b, c, d = z + 1 - a, 1e300, 1.0 / (z + 1 - a)
-    h = d
-    for i in range(1, 1000):
-        an = -i * (i - a)
-        b += 2
-        d = 1.0 / (an * d + b)
-        c = b + an / c
-        h *= d * c
-    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
-
-
 def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p: float) -> tuple[float, float, int]:
     """Sample ``requests_`` continuations of ``tokens`` tokens (temperature 1, top-p) and test every emitted token
     against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
@@ -280,7 +246,7 @@ def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p
     values, outside = pit_values(dists, emitted, random.Random(1234))
     greedy_values, _ = pit_values(dists, dists.argmax(dim=-1), random.Random(1234))
     return (
-        chi_square_uniform_pvalue(values),
-        chi_square_uniform_pvalue(greedy_values),
+        uniform_pvalue(values, PIT_BINS),
+        uniform_pvalue(greedy_values, PIT_BINS),
         outside,
     )

@@ -1,0 +1,154 @@
+"""Faults that must lose nothing, on DFLASH-tree servers:
+
+- KV-cache pressure: a KV pool too small for the concurrent requests makes SGLang retract and re-queue requests in
+  the middle of speculation; every greedy output still equals the non-speculative server's.
+- SIGTERM to ``sglang-kimi serve`` with requests in flight: each gets a complete answer or a clean error (the
+  connection closes), nothing hangs, and no process is left behind.
+- A drafter that emits NaN logits (a corrupted checkpoint made here): the server keeps serving, its outputs equal
+  the non-speculative ones, tau falls towards 1, and the plugin counts the non-finite draft positions and logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from safetensors.torch import load_file, save_file
+from spec_common import KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, spec_metrics
+from support.servers import launch
+
+from sglang_kimi.server import ServerProcess, free_port, group_alive, launch_command
+
+TREE = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"]
+
+
+def dflash_tree(drafter: Path = TRAINED_DFLASH) -> list[str]:
+    return [*KIMI_CPU, *TREE, "--speculative-draft-model-path", str(drafter)]
+
+
+# -- KV-cache pressure ---------------------------------------------------------------------------------------------
+
+PRESSURE_PROMPTS = 12
+PRESSURE_TOKENS = 48
+POOL_TOKENS = 700  # 12 requests of ~60 prompt + 48 new tokens (+ the verify window) need ~1500
+
+
+def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_server):
+    prompts = gsm8k_prompts(PRESSURE_PROMPTS)
+    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=PRESSURE_TOKENS)
+    server = launch(tmp_path_factory, "kv_pressure", dflash_tree() + ["--max-total-tokens", str(POOL_TOKENS)])
+    try:
+        outputs = generate_all(server.base_url, prompts, PRESSURE_PROMPTS, max_new_tokens=PRESSURE_TOKENS)
+    finally:
+        server.stop()
+    retractions = sum(o["meta_info"].get("num_retractions", 0) for o in outputs)
+    assert retractions > 0, "the pool was large enough: no request was retracted, the test tests nothing"
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        assert out["output_ids"] == ref["output_ids"], f"request {i} (retracted {out['meta_info']}) differs"
+
+
+# -- SIGTERM with requests in flight --------------------------------------------------------------------------------
+
+IN_FLIGHT = 6
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def stream(url: str, prompt: str, started) -> str:
+    """A long streaming request: "complete" (the stream ended with [DONE] after a finish reason) or "closed" (the
+    connection ended early, cleanly: a client-side error, not a hang)."""
+    payload = {"text": prompt, "stream": True, "sampling_params": {"max_new_tokens": 400, "temperature": 0.0}}
+    finished = False
+    try:
+        with requests.post(url + "/generate", json=payload, stream=True, timeout=120) as response:
+            for line in response.iter_lines():
+                started()
+                if line == b"data: [DONE]":
+                    return "complete" if finished else "closed"
+                if line.startswith(b"data:") and b'"finish_reason":{' in line:
+                    finished = True
+    except requests.RequestException:
+        return "closed"
+    return "closed"
+
+
+def test_sigterm_with_requests_in_flight(tmp_path):
+    spec = launch_command(dflash_tree(), port=free_port())
+    spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", *spec.argv[3:]]
+    server = ServerProcess(spec, tmp_path / "serve.log")
+    try:
+        server.wait_ready(600)
+        (sglang_group,) = children(server.proc.pid)  # `serve` runs SGLang in a process group of its own
+        first_chunks = []
+        with ThreadPoolExecutor(IN_FLIGHT) as pool:
+            futures = [
+                pool.submit(stream, server.base_url, p, lambda: first_chunks.append(1)) for p in gsm8k_prompts(6)
+            ]
+            deadline = time.monotonic() + 300
+            while len(first_chunks) < IN_FLIGHT and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert first_chunks, "no request started streaming"
+            os.kill(server.proc.pid, signal.SIGTERM)  # what an operator or an orchestrator sends
+            outcomes = [f.result(timeout=180) for f in futures]
+        assert server.proc.wait(timeout=120) is not None
+    finally:
+        server.stop()
+    assert set(outcomes) <= {"complete", "closed"}, outcomes
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and group_alive(sglang_group):
+        time.sleep(0.5)
+    assert not group_alive(sglang_group), "SGLang's processes outlived the SIGTERM"
+    assert not group_alive(server.pgid)
+
+
+# -- a drafter that emits NaN ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nan_drafter(tmp_path_factory) -> Path:
+    """The trained DFlash drafter with NaN in its context projection: every draft logit is NaN."""
+    path = tmp_path_factory.mktemp("nan_drafter") / "tiny-kimi-k2.6-dflash-nan"
+    shutil.copytree(TRAINED_DFLASH, path)
+    weights = load_file(path / "model.safetensors")
+    weights["fc.weight"] = torch.full_like(weights["fc.weight"], float("nan"))
+    save_file(weights, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    return path
+
+
+def test_a_nan_drafter_costs_acceptance_only(tmp_path_factory, tiny_server, nan_drafter):
+    prompts = gsm8k_prompts(4)
+    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=24)
+    server = launch(tmp_path_factory, "nan_drafter", dflash_tree(nan_drafter))
+    try:
+        outputs = generate_all(server.base_url, prompts, 2, max_new_tokens=24)
+        metrics = spec_metrics(server.base_url)
+        assert requests.get(server.base_url + "/health", timeout=60).status_code == 200
+        log = server.log_path.read_text(errors="replace")
+    finally:
+        server.stop()
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        assert out["output_ids"] == ref["output_ids"], f"request {i} differs with a NaN drafter"
+    assert metrics["nonfinite_draft_positions"] > 0 and metrics["nonfinite_draft_steps"] > 0, metrics
+    assert metrics["tau"] < 1.5, f"tau {metrics['tau']:.2f} with blind drafts"
+    assert "the drafter produced non-finite logits" in log

@@ -1,0 +1,55 @@
+"""Tensor parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``), and
+the greedy output of autoregressive decoding, DFLASH chains, DFLASH trees (the worker's cross-rank top-K merge) and
+EAGLE3 trees at TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution."""
+
+from __future__ import annotations
+
+import pytest
+from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, sampled_pit_pvalue
+from support.servers import launch
+
+from sglang_kimi.server import fetch_plugin_state
+
+TP2 = ["--tp", "2"]
+PROMPTS = 5
+TOKENS = 40
+DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
+CONFIGS = {
+    "autoregressive": [],
+    "dflash-chain": DFLASH,
+    "dflash-tree": DFLASH + ["--speculative-dflash-tree-budget", "16"],
+    "eagle3-tree": [
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tp1_outputs(tiny_server):
+    prompts = gsm8k_prompts(PROMPTS)
+    return prompts, [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=TOKENS)]
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def tp2_server(request, tmp_path_factory):
+    server = launch(tmp_path_factory, f"tp2_{request.param}", KIMI_CPU + TP2 + CONFIGS[request.param])
+    server.config = request.param
+    yield server
+    server.stop()
+
+
+def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
+    prompts, expected = tp1_outputs
+    outputs = [o["output_ids"] for o in generate_all(tp2_server.base_url, prompts, 2, max_new_tokens=TOKENS)]
+    for i, (got, ref) in enumerate(zip(outputs, expected)):
+        assert got == ref, f"{tp2_server.config} at TP 2: prompt {i} differs from TP 1"
+    state = fetch_plugin_state(tp2_server.base_url)
+    assert state["failed"] == [], state
+    if tp2_server.config == "dflash-tree":
+        metrics = state["spec_metrics"]
+        print(f"DFLASH tree at TP 2: tau {metrics['tau']:.2f}")
+        assert metrics["tau"] > 2, "the TP-merged drafts should still be accepted"
+        pvalue, greedy_pvalue, outside = sampled_pit_pvalue(tp2_server.base_url, prompts[0], 80, 4, 0.9)
+        print(f"sampled DFLASH tree at TP 2: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
+        assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
