@@ -208,6 +208,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "warns on a block-size mismatch and swallows drafter-config errors); sizes the DDTree verify window",
     ),
     Entry(
+        "startup-errors",
+        "sys.excepthook",
+        "sglang_kimi.validation:install_startup_error_printer",
+        "a start-up refused by the plugin (speculative-validation) prints its one-line message, not a traceback "
+        "ending in it; every other exception prints as before",
+        needs=(),  # Python's, not SGLang's
+    ),
+    Entry(
         "dflash-tree-worker",
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
         "sglang_kimi.workers.selection:install_worker_selection",

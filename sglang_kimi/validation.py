@@ -163,3 +163,39 @@ def _resolve_speculative(original, server_args):
 
 def install_validation(target: str):
     hook(target, _resolve_speculative, "AROUND")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A refused start-up prints its message alone: the launcher raises the error out of SGLang's argument resolution,
+# where Python would print a full traceback above the one line that matters.
+
+STARTUP_ERRORS = (SpeculativeConfigError,)
+
+
+def _startup_error_types() -> tuple[type, ...]:
+    from sglang_kimi.speculators.configs import DrafterConfigError
+    from sglang_kimi.speculators.pairing import DrafterMismatchError
+
+    return (*STARTUP_ERRORS, DrafterConfigError, DrafterMismatchError)
+
+
+def _print_startup_error(previous):
+    def excepthook(kind, value, traceback):
+        if issubclass(kind, _startup_error_types()):
+            import sys
+
+            print(f"sglang-kimi: error: {value}", file=sys.stderr, flush=True)
+            return
+        previous(kind, value, traceback)
+
+    excepthook.sglang_kimi = True
+    return excepthook
+
+
+def install_startup_error_printer(target: str):
+    """``sys.excepthook``: an uncaught start-up error of the plugin (a setting that cannot be served, a drafter that
+    does not fit) prints ``sglang-kimi: error: <message>`` without a traceback; every other exception as before."""
+    import sys
+
+    if not getattr(sys.excepthook, "sglang_kimi", False):
+        sys.excepthook = _print_startup_error(sys.excepthook)

@@ -226,3 +226,5 @@ def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
     text = log.read_text()
     assert "vocab_size: drafter has 5000, target has 4096" in str(failure.value)
     assert "Load weight" not in text and "sglang::scheduler" not in text
+    # the message alone, not under a traceback
+    assert "sglang-kimi: error: DFLASH drafter does not fit the target model" in text and "Traceback" not in text
