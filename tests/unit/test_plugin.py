@@ -22,7 +22,7 @@ def test_table_entries_are_unique_and_resolve():
         module_name, _, attr = entry.install.partition(":")
         assert module_name.startswith("sglang_kimi."), entry
         assert callable(getattr(importlib.import_module(module_name), attr)), entry
-        assert entry.target.startswith(("sglang.", "os.environ")), entry
+        assert entry.target.startswith(("sglang.", "os.environ", "sys.excepthook")), entry
         assert entry.when in (plugin.ALWAYS, plugin.CPU_ONLY)
         assert entry.why
 
