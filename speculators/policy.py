@@ -1,0 +1,287 @@
+"""Adaptive speculation: the draft width chosen per batch-size bucket from measured acceptance and measured cost.
+
+A speculative step of width ``w`` (``w`` drafted tokens in a chain, or a tree of ``w`` nodes; ``w = 0`` is a plain
+decode step) commits ``E_w`` tokens per request on average and costs ``t(B, w)`` seconds for a batch of ``B``
+requests (draft and verify together). The batch commits ``B * E_w / t(B, w)`` tokens per second, so the width to
+run is
+
+    w* = argmax_w  E_w / t(B, w)          (E_0 = 1: a plain decode step commits one token)
+
+Width 0 wins whenever no width pays for its cost, e.g. a drafter that matches the target poorly at a large batch,
+where verify cost grows with the tokens verified. The two inputs are estimated online:
+
+- :class:`ChainAcceptance`: for chains, the conditional acceptance ``a_d = P(position d accepted | d - 1 were)``
+  with exponentially decayed counts; ``E_w = 1 + sum_{d <= w} prod_{j <= d} a_j``. A position a step did not reach
+  or did not draft says nothing about it: only positions ``d <= min(width, accepted + 1)`` are counted.
+- :class:`TreeAcceptance`: for trees (and any family of widths whose gain is not a product of positions), the mean
+  committed tokens per step of each width, decayed; a width not yet observed borrows from its nearest observed
+  neighbours, optimistically, so that exploration reaches it.
+- :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile, refined by the steps' own
+  timings with the same decay.
+
+:class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on neighbouring widths (so the
+estimates of widths not chosen do not go stale) and hysteresis (a new width must beat the current one by a margin,
+so the choice does not thrash between near-equal widths). Pure Python and PyTorch-free: the serving workers feed
+it counts and seconds. Derivation and failure modes: ``docs/adaptive.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+NO_SPECULATION = 0
+
+
+@dataclass
+class Decayed:
+    """A decayed sum: each observation weighs 1, everything before it ``decay`` times less than it did."""
+
+    value: float = 0.0
+    weight: float = 0.0
+
+    def add(self, x: float, decay: float) -> None:
+        self.value = self.value * decay + x
+        self.weight = self.weight * decay + 1.0
+
+    def mean(self) -> float | None:
+        return self.value / self.weight if self.weight > 0 else None
+
+
+class ChainAcceptance:
+    """Per-position conditional acceptance of a chain drafter, shared by every bucket (acceptance is a property
+    of the drafter and the traffic, not of the batch size).
+
+    ``prior`` and ``prior_weight``: a Beta-like pseudo-count per position, so a position never observed is
+    estimated as ``prior`` (optimistic enough that exploration tries it) and a few observations dominate it.
+    """
+
+    def __init__(self, max_width: int, decay: float = 0.995, prior: float = 0.5, prior_weight: float = 2.0):
+        self.max_width = max_width
+        self.decay = decay
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.tried = [0.0] * (max_width + 1)  # index d: decayed steps that reached position d (d drafted)
+        self.accepted = [0.0] * (max_width + 1)  # decayed steps that accepted position d
+
+    def observe(self, width: int, accepted: Sequence[int]) -> None:
+        """One step of ``width`` drafts; ``accepted[r]`` drafts accepted by request r (bonus excluded)."""
+        if width <= 0:
+            return
+        d_tried = [0] * (self.max_width + 1)
+        d_accepted = [0] * (self.max_width + 1)
+        for a in accepted:
+            a = max(0, min(int(a), width))
+            for d in range(1, min(width, a + 1) + 1):
+                d_tried[d] += 1
+                d_accepted[d] += d <= a
+        factor = self.decay ** max(1, len(accepted))
+        for d in range(1, self.max_width + 1):
+            self.tried[d] = self.tried[d] * factor + d_tried[d]
+            self.accepted[d] = self.accepted[d] * factor + d_accepted[d]
+
+    def conditional(self, d: int) -> float:
+        """``a_d``: the chance position d is accepted when the d - 1 before it were."""
+        return (self.accepted[d] + self.prior * self.prior_weight) / (self.tried[d] + self.prior_weight)
+
+    def expected_tokens(self, width: int) -> float:
+        """``E_w``: committed tokens per step at width ``width`` (accepted drafts + the bonus)."""
+        total, reach = 1.0, 1.0
+        for d in range(1, min(width, self.max_width) + 1):
+            reach *= self.conditional(d)
+            total += reach
+        return total
+
+    def snapshot(self) -> list[float]:
+        return [round(self.conditional(d), 4) for d in range(1, self.max_width + 1)]
+
+
+class TreeAcceptance:
+    """Committed tokens per step for each candidate width (tree budgets), decayed, shared by every bucket.
+
+    A width never observed is estimated from its nearest observed smaller width (tau does not fall as the budget
+    grows) plus ``optimism`` tokens, so that exploration tries it; before any observation every width is
+    ``1 + optimism``.
+    """
+
+    def __init__(self, widths: Sequence[int], decay: float = 0.995, optimism: float = 0.5):
+        self.widths = sorted(w for w in widths if w > 0)
+        self.decay = decay
+        self.optimism = optimism
+        self.tau = {w: Decayed() for w in self.widths}
+
+    def observe(self, width: int, accepted: Sequence[int]) -> None:
+        if width not in self.tau:
+            return
+        for a in accepted:
+            self.tau[width].add(1.0 + int(a), self.decay)
+
+    def expected_tokens(self, width: int) -> float:
+        if width <= 0:
+            return 1.0
+        known = self.tau.get(width)
+        if known is not None and known.mean() is not None:
+            return known.mean()
+        below = [w for w in self.widths if w < width and self.tau[w].mean() is not None]
+        base = self.tau[below[-1]].mean() if below else 1.0
+        return base + self.optimism
+
+    def snapshot(self) -> dict[int, float | None]:
+        return {w: (round(t.mean(), 4) if t.mean() is not None else None) for w, t in self.tau.items()}
+
+
+class CostTable:
+    """Seconds per speculative step by (batch bucket, width): a start-up profile, refined online.
+
+    ``seconds(bucket, width)`` interpolates linearly in the width between measured widths of the bucket (and
+    extrapolates from the two nearest) when a width has not been measured yet.
+    """
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.table: dict[int, dict[int, Decayed]] = {}
+
+    def set(self, bucket: int, width: int, seconds: float) -> None:
+        cell = Decayed()
+        cell.add(seconds, self.decay)
+        self.table.setdefault(bucket, {})[width] = cell
+
+    def observe(self, bucket: int, width: int, seconds: float) -> None:
+        self.table.setdefault(bucket, {}).setdefault(width, Decayed()).add(seconds, self.decay)
+
+    def seconds(self, bucket: int, width: int) -> float | None:
+        row = {w: c.mean() for w, c in self.table.get(bucket, {}).items() if c.mean() is not None}
+        if width in row:
+            return row[width]
+        if len(row) < 2:
+            return next(iter(row.values())) if row else None
+        known = sorted(row)
+        lo = [w for w in known if w < width]
+        hi = [w for w in known if w > width]
+        a, b = (lo[-1], hi[0]) if lo and hi else ((known[-2], known[-1]) if lo else (known[0], known[1]))
+        slope = (row[b] - row[a]) / (b - a)
+        return max(row[a] + slope * (width - a), 1e-9)
+
+    def snapshot(self) -> dict[int, dict[int, float]]:
+        return {b: {w: round(c.mean(), 6) for w, c in sorted(row.items())} for b, row in sorted(self.table.items())}
+
+
+@dataclass
+class BucketState:
+    width: int  # the width this bucket runs now
+    steps: int = 0
+    switches: int = 0
+    expected_tokens: float = 1.0  # E_w of the chosen width when it was chosen
+    realised: Decayed = field(default_factory=Decayed)  # committed tokens per request per step, as observed
+
+
+@dataclass(frozen=True)
+class Decision:
+    width: int
+    explore: bool  # a neighbouring width tried to keep its estimates fresh, not the best one
+    changed: bool  # the bucket's chosen width changed with this decision (log it)
+
+
+class WidthPolicy:
+    """Chooses the draft width of each step for its batch size, and learns from the step's outcome.
+
+    ``widths``: the candidate widths, ascending, 0 (no speculation) allowed; ``buckets``: batch-size bucket bounds
+    (a batch of B requests falls in the first bucket >= B, the last one beyond); ``acceptance``: a
+    :class:`ChainAcceptance` or :class:`TreeAcceptance`; ``costs``: a :class:`CostTable`. One in every
+    ``explore_every`` steps of a bucket runs a neighbour of the bucket's width instead (a bounded share:
+    ``1 / explore_every``); the bucket switches to a width only when its expected rate beats the current width's by
+    ``hysteresis`` (a fraction).
+    """
+
+    def __init__(
+        self,
+        widths: Sequence[int],
+        buckets: Sequence[int],
+        acceptance: ChainAcceptance | TreeAcceptance,
+        costs: CostTable,
+        *,
+        initial_width: int | None = None,
+        explore_every: int = 20,
+        hysteresis: float = 0.05,
+    ):
+        if not widths or list(widths) != sorted(set(widths)) or widths[0] < 0:
+            raise ValueError(f"widths must be distinct, ascending and >= 0, got {list(widths)}")
+        if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
+            raise ValueError(f"buckets must be distinct, ascending and >= 1, got {list(buckets)}")
+        if explore_every < 2:
+            raise ValueError(f"explore_every must be >= 2 (1 would explore every step), got {explore_every}")
+        if not 0 <= hysteresis < 1:
+            raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
+        self.widths = list(widths)
+        self.buckets = list(buckets)
+        self.acceptance = acceptance
+        self.costs = costs
+        self.explore_every = explore_every
+        self.hysteresis = hysteresis
+        start = self.widths[-1] if initial_width is None else initial_width
+        if start not in self.widths:
+            raise ValueError(f"initial width {start} is not a candidate width {self.widths}")
+        self.state = {b: BucketState(width=start) for b in self.buckets}
+
+    def bucket(self, batch_size: int) -> int:
+        return self.buckets[min(bisect_left(self.buckets, batch_size), len(self.buckets) - 1)]
+
+    def rate(self, bucket: int, width: int) -> float:
+        """Expected committed tokens per request per second at this width (0 when its cost is unknown)."""
+        seconds = self.costs.seconds(bucket, width)
+        if seconds is None or seconds <= 0:
+            return 0.0
+        return self.acceptance.expected_tokens(width) / seconds
+
+    def best(self, bucket: int) -> int:
+        rates = {w: self.rate(bucket, w) for w in self.widths}
+        return max(self.widths, key=lambda w: (rates[w], -w))  # ties: the smaller width (cheaper, less risk)
+
+    def choose(self, batch_size: int) -> Decision:
+        bucket = self.bucket(batch_size)
+        state = self.state[bucket]
+        state.steps += 1
+        current = state.width
+        best = self.best(bucket)
+        changed = False
+        if best != current and self.rate(bucket, best) > self.rate(bucket, current) * (1 + self.hysteresis):
+            state.width, state.switches, changed = best, state.switches + 1, True
+            current = best
+        state.expected_tokens = self.acceptance.expected_tokens(current)
+        if state.steps % self.explore_every == 0 and len(self.widths) > 1:
+            i = self.widths.index(current)
+            neighbours = [self.widths[j] for j in (i - 1, i + 1) if 0 <= j < len(self.widths)]
+            neighbour = neighbours[(state.steps // self.explore_every) % len(neighbours)]
+            return Decision(neighbour, explore=True, changed=changed)
+        return Decision(current, explore=False, changed=changed)
+
+    def observe(self, batch_size: int, width: int, accepted: Sequence[int], seconds: float | None) -> None:
+        """The outcome of a step: ``accepted[r]`` drafts accepted per request, ``seconds`` it took (None if not
+        measured)."""
+        bucket = self.bucket(batch_size)
+        if width > 0:
+            self.acceptance.observe(width, accepted)
+        if seconds is not None and seconds > 0 and math.isfinite(seconds):
+            self.costs.observe(bucket, width, seconds)
+        state = self.state[bucket]
+        if width == state.width and accepted:
+            state.realised.add(1.0 + sum(accepted) / len(accepted), self.acceptance.decay)
+
+    def snapshot(self) -> dict:
+        """Per bucket the chosen width, expected and realised tokens per step, switches; the estimates."""
+        return {
+            "buckets": {
+                str(b): {
+                    "width": s.width,
+                    "steps": s.steps,
+                    "switches": s.switches,
+                    "expected_tokens_per_step": round(s.expected_tokens, 4),
+                    "realised_tokens_per_step": (round(s.realised.mean(), 4) if s.realised.mean() else None),
+                }
+                for b, s in self.state.items()
+            },
+            "acceptance": self.acceptance.snapshot(),
+            "costs": self.costs.snapshot(),
+        }

@@ -1,0 +1,161 @@
+"""The adaptive width policy on synthetic acceptance and cost curves whose optimum is known: it converges to the
+argmax of expected tokens per second per bucket, chooses no speculation when nothing pays, follows a drafter whose
+acceptance drops, spends a bounded share of steps exploring and does not thrash between near-equal widths."""
+
+import random
+
+import pytest
+
+from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, TreeAcceptance, WidthPolicy
+
+# P(at least d drafts accepted), d = 1..7: a drafter trained for another release of the target (64%, 34%, 18%,
+# 9%, <3%, as measured in the field) and a well-matched one.
+MISMATCHED = [0.64, 0.34, 0.18, 0.09, 0.03, 0.01, 0.005]
+MATCHED = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+WIDTHS = [0, 1, 2, 3, 4, 5, 6, 7]
+BUCKETS = [1, 8, 64]
+
+
+def step_seconds(batch: int, width: int) -> float:
+    """A verify-bound cost: fixed overhead, target tokens (batch x (width + 1)), a draft pass per drafted token."""
+    if width == 0:
+        return 0.010 + 0.0004 * batch
+    return 0.010 + 0.0004 * batch * (width + 1) + 0.0006 * width
+
+
+def expected(curve: list[float], width: int) -> float:
+    return 1 + sum(curve[:width])
+
+
+def true_best(curve: list[float], batch: int) -> int:
+    return max(WIDTHS, key=lambda w: expected(curve, w) / step_seconds(batch, w))
+
+
+def sample_accepted(curve: list[float], width: int, rng: random.Random) -> int:
+    """Accepted drafts of one request: position d is reached with P(>= d) / P(>= d - 1)."""
+    accepted, previous = 0, 1.0
+    for d in range(width):
+        if rng.random() >= curve[d] / previous:
+            break
+        accepted, previous = accepted + 1, curve[d]
+    return accepted
+
+
+def run(policy: WidthPolicy, curve, batch: int, steps: int, rng: random.Random) -> list:
+    decisions = []
+    for _ in range(steps):
+        decision = policy.choose(batch)
+        width = decision.width
+        accepted = [sample_accepted(curve, width, rng) for _ in range(batch)]
+        policy.observe(batch, width, accepted, step_seconds(batch, width) * rng.uniform(0.97, 1.03))
+        decisions.append(decision)
+    return decisions
+
+
+def profiled_costs() -> CostTable:
+    costs = CostTable()
+    for bucket in BUCKETS:
+        for width in (0, 1, 4, 7):  # a coarse start-up profile; the rest interpolated, then measured
+            costs.set(bucket, width, step_seconds(bucket, width))
+    return costs
+
+
+@pytest.mark.parametrize("curve", [MISMATCHED, MATCHED], ids=["mismatched", "matched"])
+@pytest.mark.parametrize("batch", BUCKETS)
+def test_converges_to_the_best_width(curve, batch):
+    policy = WidthPolicy(WIDTHS, BUCKETS, ChainAcceptance(7), profiled_costs())
+    decisions = run(policy, curve, batch, 1500, random.Random(batch))
+    best = true_best(curve, batch)
+    chosen = policy.state[policy.bucket(batch)].width
+    rate = expected(curve, chosen) / step_seconds(batch, chosen)
+    best_rate = expected(curve, best) / step_seconds(batch, best)
+    assert rate >= 0.97 * best_rate, (chosen, best)
+    exploring = sum(d.explore for d in decisions) / len(decisions)
+    assert exploring <= 1 / policy.explore_every + 1e-9
+
+
+def test_the_field_case_picks_two_drafts_not_seven():
+    # the mismatched drafter at batch 8: seven drafts cost more than they gain, one to three pay off
+    assert true_best(MISMATCHED, 8) in (1, 2, 3) and expected(MISMATCHED, 7) / step_seconds(8, 7) < 1 / step_seconds(
+        8, 0
+    )
+    policy = WidthPolicy(WIDTHS, BUCKETS, ChainAcceptance(7), profiled_costs())
+    run(policy, MISMATCHED, 8, 1500, random.Random(0))
+    assert policy.state[8].width in (1, 2, 3)
+
+
+def test_no_speculation_when_nothing_pays():
+    hopeless = [0.05, 0.01, 0.0, 0.0, 0.0, 0.0, 0.0]
+    policy = WidthPolicy(WIDTHS, BUCKETS, ChainAcceptance(7), profiled_costs())
+    run(policy, hopeless, 64, 1500, random.Random(1))
+    assert policy.state[64].width == 0
+    assert true_best(hopeless, 64) == 0
+
+
+def test_follows_a_drop_in_acceptance():
+    policy = WidthPolicy(WIDTHS, BUCKETS, ChainAcceptance(7, decay=0.99), profiled_costs())
+    run(policy, MATCHED, 8, 800, random.Random(2))
+    high = policy.state[8].width
+    run(policy, MISMATCHED, 8, 1500, random.Random(3))
+    low = policy.state[8].width
+    assert high >= true_best(MATCHED, 8) - 1 and low <= true_best(MISMATCHED, 8) + 1 and low < high
+
+
+def test_hysteresis_keeps_near_ties_from_thrashing():
+    # two widths within 1% of each other: the choice may settle on either, but must not flip back and forth
+    costs = CostTable()
+    for width, seconds in ((2, 0.0200), (3, 0.0202)):
+        costs.set(8, width, seconds)
+    acceptance = TreeAcceptance([2, 3])
+    policy = WidthPolicy([2, 3], [8], acceptance, costs, hysteresis=0.05)
+    rng = random.Random(4)
+    for _ in range(2000):
+        width = policy.choose(8).width
+        tau = 2.0 if width == 2 else 2.02
+        policy.observe(8, width, [round(tau - 1 + rng.uniform(-0.5, 0.5))] * 8, (0.0200 if width == 2 else 0.0202))
+    assert policy.state[8].switches <= 3
+
+
+def test_tree_budgets_peak_at_an_intermediate_budget():
+    # tau keeps rising with the budget, the verify cost too: the speedup peaks in the middle
+    budgets = [0, 4, 8, 16, 32, 64]
+
+    def tau(b):
+        return 1.0 if b == 0 else 1 + 4 * (1 - 0.9**b)
+
+    def cost(b):
+        return 0.02 + 0.0006 * b
+
+    costs = CostTable()
+    for b in budgets:
+        costs.set(16, b, cost(b))
+    policy = WidthPolicy(budgets, [16], TreeAcceptance(budgets), costs)
+    rng = random.Random(5)
+    for _ in range(3000):
+        width = policy.choose(16).width
+        policy.observe(16, width, [max(0, round(tau(width) - 1 + rng.uniform(-0.5, 0.5))) for _ in range(16)], None)
+    best = max(budgets, key=lambda b: tau(b) / cost(b))
+    assert best not in (0, 64) and policy.state[16].width == best
+
+
+def test_expected_tokens_and_snapshot():
+    acceptance = ChainAcceptance(3, prior_weight=1e-9)
+    acceptance.observe(3, [3, 1, 0, 2])  # positions reached: 1 by 4, 2 by 3, 3 by 2; accepted 3, 2, 1
+    assert acceptance.conditional(1) == pytest.approx(3 / 4)
+    assert acceptance.conditional(2) == pytest.approx(2 / 3)
+    assert acceptance.conditional(3) == pytest.approx(1 / 2)
+    assert acceptance.expected_tokens(3) == pytest.approx(1 + 0.75 + 0.5 + 0.25)
+    policy = WidthPolicy([0, 1, 2, 3], [4], acceptance, profiled_costs())
+    snap = policy.snapshot()
+    assert snap["buckets"]["4"]["width"] == 3 and snap["acceptance"][0] == pytest.approx(0.75)
+
+
+def test_bad_configurations_are_refused():
+    with pytest.raises(ValueError, match="ascending"):
+        WidthPolicy([2, 1], [1], ChainAcceptance(2), CostTable())
+    with pytest.raises(ValueError, match="buckets"):
+        WidthPolicy([0, 1], [0], ChainAcceptance(2), CostTable())
+    with pytest.raises(ValueError, match="explore_every"):
+        WidthPolicy([0, 1], [1], ChainAcceptance(2), CostTable(), explore_every=1)
+    with pytest.raises(ValueError, match="initial width"):
+        WidthPolicy([0, 1], [1], ChainAcceptance(2), CostTable(), initial_width=5)
