@@ -63,23 +63,46 @@ SERVER_START_TIMEOUT = 600.0
 def mode_args(plugin_root: Path) -> dict[str, list[str]]:
     """The server arguments of every serve mode (drafters from the checked checkout's assets)."""
     assets = plugin_root / "sglang_kimi" / "assets"
-    dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(assets / "tiny-kimi-k2.6-dflash")]
+    dflash = [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(assets / "tiny-kimi-k2.6-dflash"),
+    ]
     return {
         "autoregressive": [],
         "dflash-chain": dflash,
         "dflash-tree": dflash + ["--speculative-dflash-tree-budget", "16"],
-        "eagle3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-                        str(assets / "tiny-kimi-k2.6-eagle3"), "--speculative-num-steps", "4",
-                        "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12"],
-    }  # fmt: skip
+        "eagle3-tree": [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(assets / "tiny-kimi-k2.6-eagle3"),
+            "--speculative-num-steps",
+            "4",
+            "--speculative-eagle-topk",
+            "4",
+            "--speculative-num-draft-tokens",
+            "12",
+        ],
+    }
 
 
 MODES = tuple(mode_args(REPO))
+TREE_REFUSAL = "--speculative-dflash-tree-budget needs SGLang 0.5.22 or later"
+
+
+def release(version: str) -> tuple[int, ...]:
+    from packaging.version import Version
+
+    return Version(version).release[:3]
+
+
 STEPS = ("audit", "tests", "serve")
 
 # Put first on every child's PYTHONPATH: records, once per process, where `import sglang` resolves and the
 # version importlib.metadata reports, then lets the import go on with exactly that spec.
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 # Written by sglang-kimi scripts/check_sglang_range.py: records where this process imports sglang and sglang_kimi
 # from (resolved by the finders after this one, exactly as the import itself would be), then imports that spec.
 import os as _os
@@ -124,7 +147,7 @@ if _os.environ.get("%(env)s"):
             return spec
 
     _sys.meta_path.insert(0, _ImportRecorder)
-''' % {"env": IMPORT_LOG_ENV}
+""" % {"env": IMPORT_LOG_ENV}
 
 
 def log(message: str) -> None:
@@ -157,14 +180,18 @@ def install(version: str, scratch: Path, wheel_dirs: list[Path], keep: bool) -> 
     wheel = find_wheel(version, [*wheel_dirs, cache])
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--cache-dir", str(scratch / "pip-cache")]
     if wheel is None:
-        out = subprocess.run(pip + ["download", "--no-deps", "--only-binary=:all:", "-d", str(cache),
-                                    f"sglang=={version}"], capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            pip + ["download", "--no-deps", "--only-binary=:all:", "-d", str(cache), f"sglang=={version}"],
+            capture_output=True,
+            text=True,
+        )
         wheel = find_wheel(version, [cache])
         if wheel is None:
             return {"status": "fail", "problems": [f"pip download sglang=={version}: {out.stderr.strip()[-500:]}"]}
     shutil.rmtree(target, ignore_errors=True)
-    out = subprocess.run(pip + ["install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        pip + ["install", "--quiet", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True
+    )
     if out.returncode != 0 or not dist_info.is_dir():
         return {"status": "fail", "problems": [f"pip install --target {target} {wheel.name}: {out.stderr[-500:]}"]}
     return {"status": "pass", "target": str(target), "wheel": str(wheel), "reused": False}
@@ -176,6 +203,7 @@ def snapshot_plugin(plugin: str, scratch: Path) -> tuple[Path, str]:
     ``sglang_kimi/``), so that it shadows the editable install from ``PYTHONPATH``: what is checked stays fixed
     whatever the working tree holds meanwhile. Returns the copy and what it was made from."""
     import hashlib
+
     import tomllib
 
     source = Path(plugin).expanduser()
@@ -183,12 +211,23 @@ def snapshot_plugin(plugin: str, scratch: Path) -> tuple[Path, str]:
         source = source.resolve()
         root = scratch / f"plugin-dir-{hashlib.sha1(str(source).encode()).hexdigest()[:12]}"
         shutil.rmtree(root, ignore_errors=True)  # a folder may have changed since the last run: copy it again
-        shutil.copytree(source, root, symlinks=True, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))  # fmt: skip
+        shutil.copytree(
+            source,
+            root,
+            symlinks=True,
+            ignore=shutil.ignore_patterns(
+                ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"
+            ),
+        )
         origin = str(source)
     else:
-        sha = subprocess.run(["git", "rev-parse", "--verify", f"{plugin}^{{commit}}"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        sha = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{plugin}^{{commit}}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         root = scratch / f"plugin-{sha[:12]}"
         origin = f"commit {sha}"
         if not (root / "sglang_kimi" / "__init__.py").exists():
@@ -224,11 +263,15 @@ def check_imports(import_log: Path, version: str, target: Path, plugin_root: Pat
         origin = rec.get("origin") or ""
         if rec["module"] == "sglang":
             if rec.get("version") != version or not origin.startswith(str(target) + os.sep):
-                problems.append(f"process {rec['pid']} ({short(rec['cmdline'], 80)}) imported sglang "
-                                f"{rec.get('version')} from {origin or 'nowhere'}, not {version} from {target}")  # fmt: skip
+                problems.append(
+                    f"process {rec['pid']} ({short(rec['cmdline'], 80)}) imported sglang "
+                    f"{rec.get('version')} from {origin or 'nowhere'}, not {version} from {target}"
+                )
         elif not origin.startswith(str(plugin_root) + os.sep):
-            problems.append(f"process {rec['pid']} ({short(rec['cmdline'], 80)}) imported sglang_kimi from "
-                            f"{origin or 'nowhere'}, not from {plugin_root}")  # fmt: skip
+            problems.append(
+                f"process {rec['pid']} ({short(rec['cmdline'], 80)}) imported sglang_kimi from "
+                f"{origin or 'nowhere'}, not from {plugin_root}"
+            )
     sglang_records = [r for r in records if r["module"] == "sglang"]
     if not sglang_records:
         problems.append("no process recorded an import of sglang (the sitecustomize probe did not run)")
@@ -261,8 +304,15 @@ def run_child(argv: list[str], timeout: float, **kwargs) -> subprocess.Completed
 
 
 def step_audit(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict:
-    out = run_child(sglang_kimi_command() + ["doctor", "--strict", "--json"], 1800, env=env, cwd=str(cwd),
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out = run_child(
+        sglang_kimi_command() + ["doctor", "--strict", "--json"],
+        1800,
+        env=env,
+        cwd=str(cwd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     (logs / "doctor.stdout").write_text(out.stdout)
     (logs / "doctor.stderr").write_text(out.stderr)
     start = out.stdout.find("{")
@@ -271,8 +321,10 @@ def step_audit(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict
     except json.JSONDecodeError:
         report = None
     if report is None:
-        return {"status": "fail", "problems": [f"doctor printed no JSON (rc {out.returncode}): "
-                                               f"{out.stderr.strip()[-800:]}"]}  # fmt: skip
+        return {
+            "status": "fail",
+            "problems": [f"doctor printed no JSON (rc {out.returncode}): {out.stderr.strip()[-800:]}"],
+        }
     version_line = f"sglang {version} is outside the supported range"
     dropped = [p for p in report["problems"] if p.startswith(version_line)]
     problems = [p for p in report["problems"] if not p.startswith(version_line)]
@@ -291,8 +343,21 @@ def step_audit(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict
 
 def step_tests(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict:
     junit = logs / "test_plugin.xml"
-    argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", f"--junitxml={junit}",
-            "tests/unit/test_plugin.py"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-ra",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "tests/unit/test_plugin.py",
+    ]
+    from sglang_kimi.server import SHIMS_DIR, shims_needed
+
+    if "torchvision" in shims_needed():  # SGLang 0.5.20 imports torchvision with the package itself
+        env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(SHIMS_DIR)]))  # after: a real one wins
     out = run_child(argv, 1800, env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     (logs / "pytest.log").write_text(out.stdout)
     if not junit.exists():
@@ -314,15 +379,27 @@ def step_tests(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict
 def step_serve(version: str, env: dict[str, str], logs: Path, modes: list[str], plugin_root: Path) -> dict:
     result_path = logs / "serve.json"
     result_path.unlink(missing_ok=True)
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-child", "--child-version", version,
-            "--child-logs", str(logs), "--child-result", str(result_path), "--modes", ",".join(modes),
-            "--child-plugin-root", str(plugin_root)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--serve-child",
+        "--child-version",
+        version,
+        "--child-logs",
+        str(logs),
+        "--child-result",
+        str(result_path),
+        "--modes",
+        ",".join(modes),
+        "--child-plugin-root",
+        str(plugin_root),
+    ]
     # The child prints its own progress lines; it runs the servers one after another.
     proc = run_child(argv, len(modes) * 1500, env=env, cwd=str(plugin_root))
     if not result_path.exists():
         return {"status": "fail", "problems": [f"the serve child exited with code {proc.returncode} and no result"]}
     res = json.loads(result_path.read_text())
-    res["status"] = "pass" if all(r["status"] == "pass" for r in res["modes"].values()) else "fail"
+    res["status"] = "pass" if all(r["status"] in ("pass", "refused") for r in res["modes"].values()) else "fail"
     res["problems"] = [f"{m}: {p}" for m, r in res["modes"].items() for p in r.get("problems", [])]
     return res
 
@@ -364,13 +441,29 @@ def serve_one(mode: str, args: list[str], version: str, logs: Path, prompts: lis
     result: dict = {"args": args, "log": str(log_path)}
     started = time.monotonic()
     try:
-        server = start_server(["--attention-backend", "kimi_cpu", *args], port=free_port(), log_path=log_path,
-                              timeout=SERVER_START_TIMEOUT)  # fmt: skip
+        server = start_server(
+            ["--attention-backend", "kimi_cpu", *args],
+            port=free_port(),
+            log_path=log_path,
+            timeout=SERVER_START_TIMEOUT,
+        )
     except LaunchError as exc:
         errors = log_errors(log_path)
         first = str(exc).splitlines()[0].split(";")[0]
-        result.update(status="fail", problems=[f"{first}: {errors[-1]}" if errors else first], log_errors=errors,
-                      start_s=round(time.monotonic() - started, 1))  # fmt: skip
+        if (
+            mode == "dflash-tree"
+            and release(version) < (0, 5, 22)
+            and TREE_REFUSAL in log_path.read_text(errors="replace")
+        ):
+            # documented: DFLASH draft trees need SGLang 0.5.22+ (KVLocPlan); a clear start-up refusal is the result
+            result.update(status="refused", problems=[], start_s=round(time.monotonic() - started, 1))
+            return result
+        result.update(
+            status="fail",
+            problems=[f"{first}: {errors[-1]}" if errors else first],
+            log_errors=errors,
+            start_s=round(time.monotonic() - started, 1),
+        )
         return result
     result["start_s"] = round(time.monotonic() - started, 1)
     try:
@@ -381,15 +474,18 @@ def serve_one(mode: str, args: list[str], version: str, logs: Path, prompts: lis
         states = info.get("internal_states") or [{}]
         state = (states[0] or {}).get("sglang_kimi")
         if not state:
-            problems.append('/server_info internal_states[0] has no "sglang_kimi" entry (the server-info hook did '
-                            "not run in the scheduler)")  # fmt: skip
+            problems.append(
+                '/server_info internal_states[0] has no "sglang_kimi" entry (the server-info hook did '
+                "not run in the scheduler)"
+            )
         else:
             result["scheduler_pid"] = state.get("pid")
             result["failed_registrations"] = {n: state["registrations"][n] for n in state.get("failed", [])}
             result["not_ok"] = {n: v for n, v in state.get("registrations", {}).items() if v != "ok"}
             if state.get("failed"):
-                problems.append("failed registrations: " + "; ".join(
-                    f"{n}: {v}" for n, v in result["failed_registrations"].items()))  # fmt: skip
+                problems.append(
+                    "failed registrations: " + "; ".join(f"{n}: {v}" for n, v in result["failed_registrations"].items())
+                )
         t0 = time.monotonic()
         outputs, verify_steps = [], 0
         for prompt in prompts:
@@ -407,6 +503,15 @@ def serve_one(mode: str, args: list[str], version: str, logs: Path, prompts: lis
         result["tokens"] = tokens
         if verify_steps:
             result["tokens_per_verify"] = round(tokens / verify_steps, 3)
+            # The plugin's acceptance counters (spec-acceptance-metrics) count exactly the verify steps SGLang reports.
+            after = requests.get(server.base_url + "/server_info", timeout=60).json()
+            spec = ((after.get("internal_states") or [{}])[0].get("sglang_kimi") or {}).get("spec_metrics") or {}
+            result["spec_metrics"] = {"steps": spec.get("steps"), "tau": spec.get("tau"), "verify_ct": verify_steps}
+            if state and spec.get("steps") != verify_steps:
+                problems.append(
+                    f"the plugin's spec_metrics count {spec.get('steps')} verify steps, SGLang's "
+                    f"spec_verify_ct {verify_steps}"
+                )
     except Exception as exc:  # a server that died mid-request: report it with its log's last error
         errors = log_errors(log_path)
         problems.append(f"{type(exc).__name__}: {short(exc, 300)}" + (f"; log: {errors[-1]}" if errors else ""))
@@ -437,16 +542,20 @@ def serve_child(version: str, logs: Path, result_path: Path, modes: list[str], p
                 for i, (got, ref) in enumerate(zip(r["output_ids"], reference)):
                     if got != ref:
                         j = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
-                        r["problems"].append(f"prompt {i}: differs from autoregressive at token {j}: "
-                                             f"{got[j:j + 4]} vs {ref[j:j + 4]}")  # fmt: skip
+                        r["problems"].append(
+                            f"prompt {i}: differs from autoregressive at token {j}: "
+                            f"{got[j : j + 4]} vs {ref[j : j + 4]}"
+                        )
                         break
                 else:
                     r["matches_autoregressive"] = True
             r["status"] = "fail" if r["problems"] else "pass"
         results["modes"][mode] = r
-        log(f"{version} serve {mode}: {r['status']}"
+        log(
+            f"{version} serve {mode}: {r['status']}"
             + (f": {short(r['problems'][0], 200)}" if r["problems"] else "")
-            + f" (start {r.get('start_s')} s, generate {r.get('generate_s')} s)")  # fmt: skip
+            + f" (start {r.get('start_s')} s, generate {r.get('generate_s')} s)"
+        )
     result_path.write_text(json.dumps(results, indent=1))
     return 0
 
@@ -497,8 +606,10 @@ def run_version(version: str, args: argparse.Namespace, probe_dir: Path, plugin_
             res["status"] = "fail"
         out[step] = res
         first = (res.get("problems") or [""])[0]
-        log(f"{version} {step}: {res.get('status')} ({res['seconds']} s; {len(records)} processes imported sglang "
-            f"{version} from {target})" + (f": {short(first, 200)}" if first else ""))  # fmt: skip
+        log(
+            f"{version} {step}: {res.get('status')} ({res['seconds']} s; {len(records)} processes imported sglang "
+            f"{version} from {target})" + (f": {short(first, 200)}" if first else "")
+        )
     return out
 
 
@@ -511,6 +622,8 @@ def cell(res: dict | None, width: int) -> str:
     timing = f" {seconds:.0f}s" if seconds is not None else ""
     if res.get("status") == "pass":
         return f"pass{timing}"
+    if res.get("status") == "refused":
+        return "refused (needs 0.5.22+)"
     first = (res.get("problems") or ["fail"])[0]
     return short(f"FAIL{timing}: {first}", width)
 
@@ -527,8 +640,11 @@ def print_table(results: dict, modes: list[str], steps: list[str], width: int = 
                     row.append(short("FAIL install: " + r["install"]["problems"][0], width))
                 elif col == "tests" and res and res.get("tests") is not None:
                     n, bad = res["tests"], len(res.get("failed", []))
-                    row.append(cell(res, width).replace("pass", f"pass {n}/{n}", 1) if not res["problems"]
-                               else short(f"FAIL {bad}/{n} {res['seconds']:.0f}s: {res['problems'][0]}", width))
+                    row.append(
+                        cell(res, width).replace("pass", f"pass {n}/{n}", 1)
+                        if not res["problems"]
+                        else short(f"FAIL {bad}/{n} {res['seconds']:.0f}s: {res['problems'][0]}", width)
+                    )
                 else:
                     row.append(cell(res, width))
             else:
@@ -558,17 +674,28 @@ def parse_list(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--versions", type=parse_list, default=list(DEFAULT_VERSIONS),
-                   help="SGLang releases to check, comma-separated (default: %(default)s)")
+    p.add_argument(
+        "--versions",
+        type=parse_list,
+        default=list(DEFAULT_VERSIONS),
+        help="SGLang releases to check, comma-separated (default: %(default)s)",
+    )
     p.add_argument("--keep", action="store_true", help="reuse the scratch installs of earlier runs")
     p.add_argument("--scratch", type=Path, default=DEFAULT_SCRATCH, help="scratch folder (default: %(default)s)")
-    p.add_argument("--wheels", type=lambda s: [Path(x) for x in parse_list(s)], default=list(DEFAULT_WHEELS),
-                   help="folders searched for sglang-X-*.whl before PyPI (default: /tmp/sgl/w)")
+    p.add_argument(
+        "--wheels",
+        type=lambda s: [Path(x) for x in parse_list(s)],
+        default=list(DEFAULT_WHEELS),
+        help="folders searched for sglang-X-*.whl before PyPI (default: /tmp/sgl/w)",
+    )
     p.add_argument("--steps", type=parse_list, default=list(STEPS), help="subset of audit,tests,serve")
     p.add_argument("--modes", type=parse_list, default=list(MODES), help="serve modes (default: all four)")
-    p.add_argument("--plugin", help="the sglang-kimi to check instead of the editable install (this working tree): "
-                   "a commit of this repo (git archive) or a source folder, copied to the scratch folder and put on "
-                   "PYTHONPATH ahead of the editable install")  # fmt: skip
+    p.add_argument(
+        "--plugin",
+        help="the sglang-kimi to check instead of the editable install (this working tree): "
+        "a commit of this repo (git archive) or a source folder, copied to the scratch folder and put on "
+        "PYTHONPATH ahead of the editable install",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results (default: %(default)s)")
     p.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-version", help=argparse.SUPPRESS)

@@ -191,5 +191,11 @@ def _record_step(result_none, reporter, batch, result):
     return
 
 
+def _before_resolve_spec_v2_tokens(processor, result, batch):
+    """BEFORE ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` (SGLang 0.5.20+): where 0.5.23 calls
+    ``metrics_reporter.snapshot_spec_decode_metrics(batch, result)``, which 0.5.20-0.5.22 do not have."""
+    _record_step(None, processor.metrics_reporter, batch, result)
+
+
 def install(target: str):
-    hook(target, _record_step, "AFTER")
+    hook(target, _before_resolve_spec_v2_tokens, "BEFORE")

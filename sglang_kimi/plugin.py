@@ -45,7 +45,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
     ),
     Entry(
         "server-info",
-        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+        "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
         "sglang_kimi.server_info:install_server_info",
         "reports the plugin's version and this table's outcome in /server_info from the scheduler process",
     ),
@@ -97,6 +97,24 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.cpu.fixes:install_dflash_record_stream_guard",
         "upstream bug: DFlashWorkerV2 calls batch.seq_lens.record_stream(current_stream()) unconditionally "
         "(RuntimeError: unknown parameter type on CPU); skip it for non-CUDA tensors while that worker runs on CPU",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-future-map-record-stream",
+        "sglang.srt.managers.overlap_utils.FutureMap._resolve_spec_extras",
+        "sglang_kimi.cpu.fixes:install_dflash_record_stream_guard",
+        "SGLang 0.5.20-0.5.21: the overlap scheduler's FutureMap._resolve_spec_extras calls "
+        "indices.record_stream(current_stream()) on CPU too (RuntimeError: unknown parameter type at the first "
+        "DFLASH decode); 0.5.22 skips CPU tensors there",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-no-triton",
+        "sglang.srt.utils.common.support_triton",
+        "sglang_kimi.cpu.fixes:install_no_triton_for_kimi_cpu",
+        "SGLang 0.5.20-0.5.21: support_triton(backend) is True for every backend but torch_native and intel_amx, so "
+        "with kimi_cpu the KV-index writes (write_req_to_token_pool_triton) launch Triton kernels on CPU "
+        "(RuntimeError: 0 active drivers); 0.5.22 added the platform's supports_triton to that check",
         when=CPU_ONLY,
     ),
     Entry(
@@ -223,8 +241,8 @@ REGISTRATIONS: tuple[Entry, ...] = (
     ),
     Entry(
         "spec-acceptance-metrics",
-        "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
-        ".snapshot_spec_decode_metrics",
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+        "._resolve_spec_v2_tokens",
         "sglang_kimi.metrics:install",
         "counts drafted / accepted tokens per draft position and the accept-length histogram, for chains and trees "
         "(/server_info and Prometheus)",

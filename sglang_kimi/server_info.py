@@ -24,8 +24,8 @@ def plugin_report(server_args) -> dict:
     return state
 
 
-def _add_plugin_report(result, controller, *args, **kwargs):
-    result.internal_state["sglang_kimi"] = plugin_report(controller.scheduler.server_args)
+def _add_plugin_report(result, scheduler, *args, **kwargs):
+    result.internal_state["sglang_kimi"] = plugin_report(scheduler.server_args)
     return result
 
 

@@ -65,6 +65,14 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
         raise SpeculativeConfigError(
             f"{TREE_BUDGET_FLAG} {budget} is outside 1..{MAX_TREE_BUDGET}: pick a node budget in that range"
         )
+    from packaging.version import Version
+    from sglang.version import __version__ as sglang_version
+
+    if Version(sglang_version).release[:3] < (0, 5, 22):  # the DDTree worker places its KV through KVLocPlan
+        raise SpeculativeConfigError(
+            f"{TREE_BUDGET_FLAG} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
+            f"SGLang is {sglang_version}: upgrade SGLang, or drop the flag for DFLASH chains"
+        )
 
 
 def _backends(cfg) -> list[tuple[str, str | None]]:

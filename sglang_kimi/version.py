@@ -3,4 +3,4 @@
 __version__ = "0.1.0"
 
 # The SGLang releases this plugin is tested against (inclusive bounds).
-SUPPORTED_SGLANG = ("0.5.23", "0.5.23")
+SUPPORTED_SGLANG = ("0.5.20", "0.5.23")

@@ -181,9 +181,10 @@ class KimiCpuAttnBackend(AttentionBackend):
     def _save_kv(self, layer, forward_batch, k, v, save_kv_cache):
         if save_kv_cache and k is not None and v is not None:
             cache_loc = forward_batch.encoder_out_cache_loc if layer.is_cross_attention else forward_batch.out_cache_loc
-            self.token_to_kv_pool.set_kv_buffer(
-                layer, KVWriteLoc(cache_loc, physical=forward_batch.out_cache_loc_is_physical), k, v
-            )
+            # SGLang 0.5.22+ marks physical locs (the unified pool refuses unmarked ones); 0.5.20-0.5.21 have no mark
+            physical = getattr(forward_batch, "out_cache_loc_is_physical", None)
+            loc = KVWriteLoc(cache_loc) if physical is None else KVWriteLoc(cache_loc, physical=physical)
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
 
     def _check_layer(self, layer, kwargs):
         unsupported = {key for key, value in kwargs.items() if value is not None}

@@ -94,14 +94,37 @@ def _handle_dflash_on_cpu(original, server_args):
     from sglang.srt.arg_groups import speculative_hook
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    platform = speculative_hook.current_platform
-    if resolving_view(server_args).device != "cpu" or platform.is_out_of_tree():
+    if resolving_view(server_args).device != "cpu":
+        return original(server_args)
+    platform = getattr(speculative_hook, "current_platform", None)
+    if platform is None:  # SGLang 0.5.20: no platform; _handle_dflash compares cfg.device with cuda/npu/xpu
+        return _handle_dflash_reading_xpu(original, server_args, speculative_hook)
+    if platform.is_out_of_tree():
         return original(server_args)
     speculative_hook.current_platform = CpuSRTPlatformWithDFlash(platform)
     try:
         return original(server_args)
     finally:
         speculative_hook.current_platform = platform
+
+
+class _DeviceView:
+    def __init__(self, view, device: str):
+        self._view, self.device = view, device
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+
+def _handle_dflash_reading_xpu(original, server_args, speculative_hook):
+    """SGLang 0.5.20's ``_handle_dflash`` reads the device twice: its device check, and a dp-attention check that
+    refuses every device but NPU (CPU and XPU alike); while it runs, its ``resolving_view`` reports ``xpu``."""
+    resolving_view = speculative_hook.resolving_view
+    speculative_hook.resolving_view = lambda args: _DeviceView(resolving_view(args), "xpu")
+    try:
+        return original(server_args)
+    finally:
+        speculative_hook.resolving_view = resolving_view
 
 
 def install_dflash_on_cpu(target: str):
@@ -165,3 +188,16 @@ def install_input_embeds_dtype(target: str):
     from sglang_kimi.hooks import hook
 
     hook(target, _extend_kwargs_in_model_dtype, "AROUND")
+
+
+def _no_triton_for_kimi_cpu(original, backend):
+    from sglang_kimi.cpu import KIMI_CPU_BACKEND
+
+    return False if backend == KIMI_CPU_BACKEND else original(backend)
+
+
+def install_no_triton_for_kimi_cpu(target: str):
+    """``support_triton("kimi_cpu")``: False (SGLang 0.5.22+ answers False on any CPU already)."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _no_triton_for_kimi_cpu, "AROUND")

@@ -52,11 +52,34 @@ logger = logging.getLogger(__name__)
 OUT_TOKEN_PAD = 0  # SGLang reads only the first accept_len entries of a row; 0 keeps log-prob gathers in range
 
 
+def _attn_dp_enabled(parallel) -> bool:
+    """SGLang 0.5.22+ publishes ``attn_dp_enabled``; 0.5.20-0.5.21 publish the flag ``enable_dp_attention``."""
+    try:
+        return bool(parallel.attn_dp_enabled)
+    except AttributeError:
+        return bool(parallel.enable_dp_attention)
+
+
+def _draft_tp_scope(worker):
+    """The TP scope DFlashWorkerV2 enters around its own draft forwards; how it is entered changed in each release:
+    0.5.23 ``draft_tp_context(self.draft_parallel_layout)``, 0.5.22 ``draft_tp_context(self.draft_owns_attention)``,
+    0.5.21 ``self.draft_tp_context(tp_group, owns_attention=...)``, 0.5.20 ``self.draft_tp_context(tp_group)``."""
+    own = vars(worker)  # DFlashWorkerV2.__getattr__ falls back to the target worker: read the worker's own attributes
+    if "draft_parallel_layout" in own:
+        return draft_tp_context(own["draft_parallel_layout"])
+    if "draft_tp_context" not in own:
+        return draft_tp_context(own["draft_owns_attention"])
+    group = worker.draft_model_runner.tp_group
+    if "draft_owns_attention" in own:
+        return worker.draft_tp_context(group, owns_attention=own["draft_owns_attention"])
+    return worker.draft_tp_context(group)
+
+
 class DFlashTreeWorker(DFlashWorkerV2):
     """``--speculative-algorithm DFLASH --speculative-dflash-tree-budget N``: DFlash with DDTree draft trees."""
 
-    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+    def __init__(self, server_args, *args, **kwargs):  # SGLang 0.5.20 also passes ps (its ParallelState)
+        super().__init__(server_args, *args, **kwargs)
         args = plugin_args(server_args)
         self.tree_budget = int(args.dflash_tree_budget)
         # SGLang sized every per-step buffer and KV reservation by the verify window (budget + 1 slots, set at
@@ -73,7 +96,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             (self.selector is not None, "a DFlash drafter with a candidate selector"),
             (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
             (self._is_domino, "a Domino DFlash drafter"),
-            (get_parallel().attn_dp_enabled, "DP attention"),
+            (_attn_dp_enabled(get_parallel()), "DP attention"),
         ):
             if unsupported:
                 raise ValueError(f"DFLASH draft trees (--speculative-dflash-tree-budget) do not support {what}")
@@ -258,7 +281,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         # The block's scratch KV goes to the first B slots of the window; the verify rewrites them.
         kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
-        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+        with torch.inference_mode(), _draft_tp_scope(self):
             out = self.draft_model_runner.forward(forward_batch)
         hidden = out.logits_output.hidden_states
         if hidden is None:
@@ -276,7 +299,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         tp_size = int(get_parallel().tp_group.world_size) if shard is not None else 1
         local_start = int(shard.org_vocab_start_index) if shard is not None else 0
         local_size = int(shard.num_org_elements) if shard is not None else vocab
-        with draft_tp_context(self.draft_parallel_layout):
+        with _draft_tp_scope(self):
             logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
         k = min(self.tree_budget, vocab)
         if tp_size == 1:

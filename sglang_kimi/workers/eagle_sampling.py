@@ -116,4 +116,23 @@ def eagle_sample_lossless(
 def install_eagle_sampling(target: str):
     """``eagle_sample`` verifies sampled EAGLE trees greedily on ROCm (without rejection sampling) and CPU:
     route them to the lossless target-only rule."""
-    hook(target, eagle_sample_lossless, "AROUND")
+    from packaging.version import Version
+    from sglang.version import __version__
+
+    # eagle_sample's keyword-only watermark_state / watermark_full_mask arrived in SGLang 0.5.22
+    watermark = Version(__version__).release[:3] >= (0, 5, 22)
+    hook(target, eagle_sample_lossless if watermark else _eagle_sample_lossless_pre_watermark, "AROUND")
+
+
+def _eagle_sample_lossless_pre_watermark(
+    original, verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None
+):
+    """:func:`eagle_sample_lossless` for SGLang 0.5.20-0.5.21, whose ``eagle_sample`` has no watermark keywords."""
+    return eagle_sample_lossless(
+        lambda *args, **_watermark: original(*args),
+        verify_input,
+        batch,
+        logits_output,
+        grammar_mask,
+        uno_target_max_top_k,
+    )
