@@ -37,9 +37,9 @@ def dflash_tree(drafter: Path = TRAINED_DFLASH) -> list[str]:
 
 # -- KV-cache pressure ---------------------------------------------------------------------------------------------
 
-PRESSURE_PROMPTS = 12
-PRESSURE_TOKENS = 48
-POOL_TOKENS = 700  # 12 requests of ~60 prompt + 48 new tokens (+ the verify window) need ~1500
+PRESSURE_PROMPTS = 8
+PRESSURE_TOKENS = 32
+POOL_TOKENS = 480  # 8 requests of ~60 prompt + 32 new tokens (+ a 17-token verify window) need ~870
 
 
 def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_server):

@@ -11,8 +11,8 @@ from support.servers import launch
 from sglang_kimi.server import fetch_plugin_state
 
 TP2 = ["--tp", "2"]
-PROMPTS = 5
-TOKENS = 40
+PROMPTS = 3
+TOKENS = 32
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
 CONFIGS = {
     "autoregressive": [],
