@@ -3,7 +3,8 @@
 
 For every batch size B and node budget: median wall time per call of both builders on the same random
 draft logits [B, L, V] (Kimi: L = 7 drafted positions of a DFlash block of 8, V = 163840), the speedup
-(heap / batched), and a check that both built the same trees. Prints a table and writes JSON.
+(heap / batched), and a check that both built the same trees. Prints a table and writes JSON and a PNG of the
+speedups (``bench/results/bench_trees.{json,png}``).
 
     python bench/bench_trees.py            # B in {1, 16, 64}, budget in {16, 32, 64}, CPU (and CUDA if present)
     python bench/bench_trees.py --quick    # a short run
@@ -61,6 +62,27 @@ def same_tree(a: DraftTree, b: DraftTree) -> bool:
         return out
 
     return paths(a) == paths(b)
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    """Speedup (heap / batched) against batch size, one line per device and budget; 1.0 marks parity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for device, budget in sorted({(r["device"], r["budget"]) for r in rows}):
+        points = sorted((r["batch_size"], r["speedup"]) for r in rows if (r["device"], r["budget"]) == (device, budget))
+        ax.plot(*zip(*points), marker="o", label=f"{device}, budget {budget}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("speedup of the batched build (heap ms / batched ms)")
+    ax.set_title("DDTree build: batched vs per-request heap")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -133,7 +155,8 @@ def main() -> None:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    plot(rows, args.output.with_suffix(".png"))
+    print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

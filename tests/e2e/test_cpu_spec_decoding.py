@@ -2,13 +2,13 @@
 ``kimi_cpu`` attention backend with the embedded trained drafters: DFLASH chain, DFLASH draft trees (DDTree budgets
 8 and 32), EAGLE3 chain and EAGLE3 tree.
 
-- Greedy: for 20 GSM8K prompts x 64 new tokens every configuration's tokens equal the non-speculative server's,
+- Greedy: for 10 GSM8K prompts x 64 new tokens every configuration's tokens equal the non-speculative server's,
   token for token, at concurrency 1 and 8, and the log-probabilities it reports for them (computed from its verify
   forwards: chain and tree masks) equal transformers'.
 - tau read from ``/server_info`` is above a floor from the reference decode loop (``speculators.reference``) for
   the same drafter and configuration; a tree's tau is at least its chain's; the plugin's counters count exactly
   the verify steps SGLang reports per request, and Prometheus (``--enable-metrics``) carries the same counters.
-- 64 concurrent speculative requests are all answered, with the sequential outputs.
+- Concurrency beyond 8 (200 mixed requests, streams dropped) is ``test_reliability.py``'s, on the same trees.
 - Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
   target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
   transformers, filtered as SGLang's sampler filters) ``u = P(rank < r) + V * p(token)``, V ~ U[0, 1), is uniform,
@@ -43,7 +43,7 @@ from sglang_kimi.server import (
 
 pytestmark = pytest.mark.e2e
 
-NUM_PROMPTS = 20
+NUM_PROMPTS = 10
 # tau of a server may sit a little below the reference loop's: float32 drafts on another code path can rank two
 # near-tied candidates the other way. Anything lower means drafts or acceptance are lost.
 TAU_FLOOR = 0.9
@@ -152,22 +152,6 @@ def test_prometheus_carries_the_per_position_counters(spec_server, prompts):
     snapshot = spec_metrics(url)
     assert [accepted.get(d, 0.0) for d in range(1, snapshot["max_depth"] + 1)] == snapshot["accepted_per_position"]
     assert "sglang_kimi:spec_accept_length_total" in text
-
-
-@pytest.fixture(scope="module")
-def sequential64(tiny_server):
-    """64 GSM8K prompts and the non-speculative server's greedy outputs, one request at a time."""
-    prompts64 = gsm8k_prompts(64)
-    return prompts64, [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts64, 1, max_new_tokens=32)]
-
-
-@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
-def test_64_concurrent_requests_equal_sequential_runs(spec_server, sequential64):
-    prompts64, sequential = sequential64
-    concurrent = generate_all(spec_server.base_url, prompts64, 64, max_new_tokens=32)
-    assert len(concurrent) == 64
-    for i, (out, ref) in enumerate(zip(concurrent, sequential)):
-        assert out["output_ids"] == ref, f"request {i} of 64 differs from its sequential output"
 
 
 # -- sampled decoding ---------------------------------------------------------------------------------------------

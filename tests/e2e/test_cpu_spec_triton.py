@@ -15,7 +15,7 @@ import torch
 
 from sglang_kimi.server import ASSETS_DIR, fetch_plugin_state, free_port, group_alive, start_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.e2e
 
 PROMPT = (
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

@@ -40,12 +40,17 @@ def dflash_tree(drafter: Path = TRAINED_DFLASH) -> list[str]:
 PRESSURE_PROMPTS = 8
 PRESSURE_TOKENS = 32
 POOL_TOKENS = 480  # 8 requests of ~60 prompt + 32 new tokens (+ a 17-token verify window) need ~870
+# SGLang admits a request when its prompt plus (new-token ratio x max_new_tokens) fits; the ratio starts at
+# 0.7 x conservativeness. At 0.05 it admits nearly as many requests as the prompts alone allow, so decoding runs
+# out of pages and must retract whatever order the requests arrive in (at 1.0 it may queue them and never retract).
+CONSERVATIVENESS = "0.05"
 
 
 def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_server):
     prompts = gsm8k_prompts(PRESSURE_PROMPTS)
     reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=PRESSURE_TOKENS)
-    server = launch(tmp_path_factory, "kv_pressure", dflash_tree() + ["--max-total-tokens", str(POOL_TOKENS)])
+    pressure = ["--max-total-tokens", str(POOL_TOKENS), "--schedule-conservativeness", CONSERVATIVENESS]
+    server = launch(tmp_path_factory, "kv_pressure", dflash_tree() + pressure)
     try:
         outputs = generate_all(server.base_url, prompts, PRESSURE_PROMPTS, max_new_tokens=PRESSURE_TOKENS)
     finally:

@@ -149,7 +149,7 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
 CONCURRENT = 200
 DROPPED = 20
 SAMPLED = 80
-TOKENS = 8
+TOKENS = 16
 
 
 def stream_and_drop(url: str, prompt: str) -> int:
