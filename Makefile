@@ -26,12 +26,8 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/sglang-kimi demo
 
-# Two workers, whole files to each (a file's servers and fixtures stay in one process); the server-starting files
-# are listed first so that the longest ones start first.
-PYTEST_PARALLEL := -n 2 --dist loadfile --durations=20
-
 test: install
-	$(PY) -m pytest -q -ra $(PYTEST_PARALLEL) tests/e2e tests/statistical tests/unit
+	$(PY) -m pytest -q -ra --durations=15 tests/unit tests/statistical tests/e2e
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit
@@ -40,7 +36,7 @@ test-statistical: install
 	$(PY) -m pytest -q -ra tests/statistical
 
 test-e2e: install
-	$(PY) -m pytest -q -ra $(PYTEST_PARALLEL) tests/e2e
+	$(PY) -m pytest -q -ra tests/e2e
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

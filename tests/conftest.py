@@ -18,12 +18,6 @@ if str(TESTS) not in sys.path:
 LAYERS = ("unit", "statistical", "e2e", "gpu")
 
 
-def pytest_configure(config):
-    from support.cores import pin_worker
-
-    pin_worker()  # under `pytest -n N`: this worker's share of the cores, inherited by the servers it starts
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         layer = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]

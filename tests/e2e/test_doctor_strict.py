@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from sglang_kimi import audit, doctor
 
 
@@ -31,77 +33,84 @@ def test_installed_sglang_passes_the_strict_audit(tmp_path):
     assert report["audit"]["problems"] == []
 
 
-def test_a_renamed_hook_target_fails_the_build(tmp_path):
+# Drifted environments, each a `sitecustomize` run before SGLang is imported; independent problems share a run (one
+# doctor run costs an SGLang import): every problem must be named, and the exit code is 1.
+# The SGLang patches come last: in doctor's own process (no CPU shims on its path) importing SGLang fails and ends
+# the sitecustomize there; doctor's SGLang probe, which has the shims, runs all of it.
+
+RENAMED_TARGET = """
     # SGLang without eagle_utils.eagle_sample (as if a release had renamed it): the hook cannot apply.
-    out = _doctor(
-        "--strict",
-        tmp_path=tmp_path,
-        sitecustomize="""
-        import sglang.srt.speculative.eagle_utils as eagle_utils
-        eagle_utils.eagle_sample_renamed = eagle_utils.eagle_sample
-        del eagle_utils.eagle_sample
-    """,
-    )
-    assert out.returncode == 1, out.stdout[-3000:]
-    assert "entry 'lossless-eagle-sampling': the installed SGLang has no sglang.srt.speculative.eagle_utils." \
-           "eagle_sample" in out.stdout  # fmt: skip
-
-
-def test_a_changed_hook_signature_fails_the_build(tmp_path):
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+    eagle_utils.eagle_sample_renamed = eagle_utils.eagle_sample
+    del eagle_utils.eagle_sample
+"""
+OLD_VERSION = """
+    import importlib.metadata as md
+    _version = md.version
+    md.version = lambda name: "0.4.9" if name == "sglang" else _version(name)
+"""
+CHANGED_SIGNATURE = """
     # a release that renamed eagle_sample's keyword `watermark_state`: the plugin's wrapper passes it by name
-    out = _doctor(
-        "--strict",
-        tmp_path=tmp_path,
-        sitecustomize="""
-        import sglang.srt.speculative.eagle_utils as eagle_utils
-        def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *,
-                         watermark=None, watermark_full_mask=True):
-            raise AssertionError("not called by the audit")
-        eagle_utils.eagle_sample = eagle_sample
-    """,
-    )
-    assert out.returncode == 1, out.stdout[-3000:]
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+    def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *,
+                     watermark=None, watermark_full_mask=True):
+        raise AssertionError("not called by the audit")
+    eagle_utils.eagle_sample = eagle_sample
+"""
+NOT_A_DISTRIBUTION = """
+    # importable (from a checkout on PYTHONPATH, say) but with no dist-info: no entry point for SGLang to find
+    import importlib.metadata as md
+    _entry_points = md.entry_points
+    def entry_points(**kwargs):
+        found = _entry_points(**kwargs)
+        if kwargs.get("group") == "sglang.srt.plugins":
+            return md.EntryPoints(ep for ep in found if ep.name != "kimi")
+        return found
+    md.entry_points = entry_points
+"""
+
+
+@pytest.fixture(scope="module")
+def drifted_sglang(tmp_path_factory):
+    """A renamed hook target, an unsupported version, and an allow-list that skips the plugin."""
+    tmp_path = tmp_path_factory.mktemp("drifted_sglang")
+    sitecustomize = textwrap.dedent(OLD_VERSION) + textwrap.dedent(RENAMED_TARGET)
+    return _doctor("--strict", tmp_path=tmp_path, sitecustomize=sitecustomize, env={"SGLANG_PLUGINS": "someone_else"})
+
+
+@pytest.fixture(scope="module")
+def drifted_signature(tmp_path_factory):
+    """A hook target whose keyword was renamed."""
+    tmp_path = tmp_path_factory.mktemp("drifted_signature")
+    return _doctor("--strict", tmp_path=tmp_path, sitecustomize=CHANGED_SIGNATURE)
+
+
+def test_a_renamed_hook_target_fails_the_build(drifted_sglang):
+    assert drifted_sglang.returncode == 1, drifted_sglang.stdout[-3000:]
+    assert "entry 'lossless-eagle-sampling': the installed SGLang has no sglang.srt.speculative.eagle_utils." \
+           "eagle_sample" in drifted_sglang.stdout  # fmt: skip
+
+
+def test_an_unsupported_sglang_version_fails(drifted_sglang):
+    assert drifted_sglang.returncode == 1
+    assert "sglang 0.4.9 is outside the supported range" in drifted_sglang.stdout
+
+
+def test_a_plugin_the_loader_skips_fails(drifted_sglang):
+    assert drifted_sglang.returncode == 1
+    assert "SGLANG_PLUGINS=someone_else does not name `kimi`" in drifted_sglang.stdout
+    assert "SGLang's plugin loader did not call sglang-kimi" in drifted_sglang.stdout
+
+
+def test_a_changed_hook_signature_fails_the_build(drifted_signature):
+    assert drifted_signature.returncode == 1, drifted_signature.stdout[-3000:]
     assert "hook on sglang.srt.speculative.eagle_utils.eagle_sample: the plugin passes keyword parameters " \
-           "['watermark_state']" in out.stdout  # fmt: skip
-
-
-def test_an_unsupported_sglang_version_fails(tmp_path):
-    out = _doctor(
-        "--strict",
-        tmp_path=tmp_path,
-        sitecustomize="""
-        import importlib.metadata as md
-        _version = md.version
-        md.version = lambda name: "0.4.9" if name == "sglang" else _version(name)
-    """,
-    )
-    assert out.returncode == 1
-    assert "sglang 0.4.9 is outside the supported range" in out.stdout
-
-
-def test_a_plugin_the_loader_skips_fails(tmp_path):
-    out = _doctor("--strict", tmp_path=tmp_path, env={"SGLANG_PLUGINS": "someone_else"})
-    assert out.returncode == 1
-    assert "SGLANG_PLUGINS=someone_else does not name `kimi`" in out.stdout
-    assert "SGLang's plugin loader did not call sglang-kimi" in out.stdout
+           "['watermark_state']" in drifted_signature.stdout  # fmt: skip
 
 
 def test_a_plugin_not_installed_as_a_distribution_fails(tmp_path):
-    # importable (from a checkout on PYTHONPATH, say) but with no dist-info: no entry point for SGLang to find
-    out = _doctor(
-        "--strict",
-        tmp_path=tmp_path,
-        sitecustomize="""
-        import importlib.metadata as md
-        _entry_points = md.entry_points
-        def entry_points(**kwargs):
-            found = _entry_points(**kwargs)
-            if kwargs.get("group") == "sglang.srt.plugins":
-                return md.EntryPoints(ep for ep in found if ep.name != "kimi")
-            return found
-        md.entry_points = entry_points
-    """,
-    )
+    # without its entry point the plugin is never loaded in SGLang's processes: a run of its own
+    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize=NOT_A_DISTRIBUTION)
     assert out.returncode == 1
     assert "no `kimi` entry point in the sglang.srt.plugins group: sglang-kimi is not installed as a distribution" \
         in out.stdout  # fmt: skip

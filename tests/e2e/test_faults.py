@@ -2,8 +2,9 @@
 
 - KV-cache pressure: a KV pool too small for the concurrent requests makes SGLang retract and re-queue requests in
   the middle of speculation; every greedy output still equals the non-speculative server's.
-- SIGTERM to ``sglang-kimi serve`` with requests in flight: each gets a complete answer or a clean error (the
-  connection closes), nothing hangs, and no process is left behind.
+- SIGTERM to ``sglang-kimi serve`` (after it served the non-speculative greedy output) with requests in flight:
+  each gets a complete answer or a clean error (the connection closes), nothing hangs, ``serve`` exits 130 as for
+  Ctrl-C, and no process is left behind.
 - A drafter that emits NaN logits (a corrupted checkpoint made here): the server keeps serving, its outputs equal
   the non-speculative ones, tau falls towards 1, and the plugin counts the non-finite draft positions and logs them.
 """
@@ -56,6 +57,7 @@ def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_ser
     finally:
         server.stop()
     retractions = sum(o["meta_info"].get("num_retractions", 0) for o in outputs)
+    print(f"KV pool of {POOL_TOKENS} tokens: {retractions} retractions over {PRESSURE_PROMPTS} requests")
     assert retractions > 0, "the pool was large enough: no request was retracted, the test tests nothing"
     for i, (out, ref) in enumerate(zip(outputs, reference)):
         assert out["output_ids"] == ref["output_ids"], f"request {i} (retracted {out['meta_info']}) differs"
@@ -96,28 +98,33 @@ def stream(url: str, prompt: str, started) -> str:
     return "closed"
 
 
-def test_sigterm_with_requests_in_flight(tmp_path):
+def test_sigterm_with_requests_in_flight(tmp_path, tiny_server):
+    """`sglang-kimi serve` serves the non-speculative greedy output, then a SIGTERM with streams in flight: each
+    stream complete or cleanly closed, exit code 130 (as for Ctrl-C), no SGLang process left behind."""
     spec = launch_command(dflash_tree(), port=free_port())
     spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", *spec.argv[3:]]
     server = ServerProcess(spec, tmp_path / "serve.log")
+    prompts = gsm8k_prompts(IN_FLIGHT)
     try:
         server.wait_ready(600)
         (sglang_group,) = children(server.proc.pid)  # `serve` runs SGLang in a process group of its own
+        served = generate_all(server.base_url, prompts[:1], 1, max_new_tokens=32)[0]["output_ids"]
+        assert served == generate_all(tiny_server.base_url, prompts[:1], 1, max_new_tokens=32)[0]["output_ids"]
         first_chunks = []
         with ThreadPoolExecutor(IN_FLIGHT) as pool:
-            futures = [
-                pool.submit(stream, server.base_url, p, lambda: first_chunks.append(1)) for p in gsm8k_prompts(6)
-            ]
+            futures = [pool.submit(stream, server.base_url, p, lambda: first_chunks.append(1)) for p in prompts]
             deadline = time.monotonic() + 300
             while len(first_chunks) < IN_FLIGHT and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert first_chunks, "no request started streaming"
             os.kill(server.proc.pid, signal.SIGTERM)  # what an operator or an orchestrator sends
             outcomes = [f.result(timeout=180) for f in futures]
-        assert server.proc.wait(timeout=120) is not None
+        code = server.proc.wait(timeout=120)
     finally:
         server.stop()
+    print(f"SIGTERM with {IN_FLIGHT} streams in flight: {sorted(outcomes)}, exit code {code}")
     assert set(outcomes) <= {"complete", "closed"}, outcomes
+    assert code == 130, server.log_path.read_text(errors="replace")[-3000:]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and group_alive(sglang_group):
         time.sleep(0.5)
@@ -155,5 +162,6 @@ def test_a_nan_drafter_costs_acceptance_only(tmp_path_factory, tiny_server, nan_
     for i, (out, ref) in enumerate(zip(outputs, reference)):
         assert out["output_ids"] == ref["output_ids"], f"request {i} differs with a NaN drafter"
     assert metrics["nonfinite_draft_positions"] > 0 and metrics["nonfinite_draft_steps"] > 0, metrics
+    print(f"NaN drafter: tau {metrics['tau']:.2f}, {metrics['nonfinite_draft_positions']} non-finite draft positions")
     assert metrics["tau"] < 1.5, f"tau {metrics['tau']:.2f} with blind drafts"
     assert "the drafter produced non-finite logits" in log

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, sampled_pit_pvalue
-from support.cores import all_cores
 from support.servers import launch
 
 from sglang_kimi.server import fetch_plugin_state
@@ -34,8 +33,7 @@ def tp1_outputs(tiny_server):
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def tp2_server(request, tmp_path_factory):
-    with all_cores():  # one core group per rank: a test worker pinned to one core widens its affinity for the launch
-        server = launch(tmp_path_factory, f"tp2_{request.param}", KIMI_CPU + TP2 + CONFIGS[request.param])
+    server = launch(tmp_path_factory, f"tp2_{request.param}", KIMI_CPU + TP2 + CONFIGS[request.param])
     server.config = request.param
     yield server
     server.stop()
