@@ -227,6 +227,8 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
         sel = key.topk(k, dim=-1, largest=False).indices  # [R, k]
         idx[rows] = sel
         top[rows] = row_values.gather(-1, sel)
+    elif not bool((top[..., 1:] == top[..., :-1]).any()):
+        return top, idx  # topk's order is value descending; without equal values it is the whole order
     idx, by_index = idx.sort(dim=-1)
     top = top.gather(-1, by_index)
     top, by_value = top.sort(dim=-1, descending=True, stable=True)
