@@ -25,6 +25,7 @@ import requests
 import torch
 from safetensors.torch import load_file, save_file
 from spec_common import KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, spec_metrics
+from support.processes import children
 from support.servers import launch
 
 from sglang_kimi.server import ServerProcess, free_port, group_alive, launch_command
@@ -66,18 +67,6 @@ def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_ser
 # -- SIGTERM with requests in flight --------------------------------------------------------------------------------
 
 IN_FLIGHT = 6
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def stream(url: str, prompt: str, started) -> str:

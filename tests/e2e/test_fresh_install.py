@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.processes import children
 from support.wheel import build_wheel
 
 from sglang_kimi.server import LaunchSpec, ServerProcess, fetch_plugin_state, free_port, group_alive
@@ -121,18 +122,6 @@ def test_install_script_installs_the_wheel_and_passes_the_strict_doctor(install_
     assert "strict audit against sglang" in install_output
     assert "no problems found" in install_output
     assert install_output.rstrip().endswith("passes the strict doctor")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def pid_alive(pid: int) -> bool:
