@@ -48,6 +48,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from sglang_kimi.demo import mode_args as demo_mode_args
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VERSIONS = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 DEFAULT_SCRATCH = Path("/tmp/sglang_range")
@@ -61,31 +63,8 @@ SERVER_START_TIMEOUT = 600.0
 
 
 def mode_args(plugin_root: Path) -> dict[str, list[str]]:
-    """The server arguments of every serve mode (drafters from the checked checkout's assets)."""
-    assets = plugin_root / "sglang_kimi" / "assets"
-    dflash = [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(assets / "tiny-kimi-k2.6-dflash"),
-    ]
-    return {
-        "autoregressive": [],
-        "dflash-chain": dflash,
-        "dflash-tree": dflash + ["--speculative-dflash-tree-budget", "16"],
-        "eagle3-tree": [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            str(assets / "tiny-kimi-k2.6-eagle3"),
-            "--speculative-num-steps",
-            "4",
-            "--speculative-eagle-topk",
-            "4",
-            "--speculative-num-draft-tokens",
-            "12",
-        ],
-    }
+    """The server arguments of every serve mode: the demo's, with the drafters of the checked tree's assets."""
+    return demo_mode_args(plugin_root / "sglang_kimi" / "assets")
 
 
 MODES = tuple(mode_args(REPO))

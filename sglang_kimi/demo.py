@@ -32,31 +32,23 @@ from sglang_kimi.server import (
 DEMO_QUESTIONS = ASSETS_DIR / "gsm8k_demo.jsonl"
 STOP = ["Question:", "\n\n"]
 
-# name -> SGLang arguments (added to the plugin's launch defaults)
-MODES: dict[str, list[str]] = {
-    "autoregressive": [],
-    "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)],
-    "dflash-tree": [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(TINY_DFLASH),
-        "--speculative-dflash-tree-budget",
-        "16",
-    ],
-    "eagle3-tree": [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(TINY_EAGLE3),
-        "--speculative-num-steps",
-        "4",
-        "--speculative-eagle-topk",
-        "4",
-        "--speculative-num-draft-tokens",
-        "12",
-    ],
-}
+
+def mode_args(assets: Path = ASSETS_DIR) -> dict[str, list[str]]:
+    """name -> SGLang arguments of each demo mode (added to the plugin's launch defaults), with the drafters of the
+    ``assets`` folder (``scripts/check_sglang_range.py`` passes the assets of the tree it checks)."""
+    dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(assets / TINY_DFLASH.name)]
+    return {
+        "autoregressive": [],
+        "dflash-chain": dflash,
+        "dflash-tree": dflash + ["--speculative-dflash-tree-budget", "16"],
+        "eagle3-tree": [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(assets / TINY_EAGLE3.name),
+            "--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12",
+        ],
+    }  # fmt: skip
+
+
+MODES: dict[str, list[str]] = mode_args()
 CPU_ARGS = ["--attention-backend", "kimi_cpu"]  # the plugin's CPU backend: chains, trees, drafts
 
 
