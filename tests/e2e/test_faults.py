@@ -90,8 +90,11 @@ def stream(url: str, prompt: str, started) -> str:
 def test_sigterm_with_requests_in_flight(tmp_path, tiny_server):
     """`sglang-kimi serve` serves the non-speculative greedy output, then a SIGTERM with streams in flight: each
     stream complete or cleanly closed, exit code 130 (as for Ctrl-C), no SGLang process left behind."""
-    spec = launch_command(dflash_tree(), port=free_port())
-    spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", *spec.argv[3:]]
+    # `serve` given only the speculative flags and a port: its own CPU defaults (the attention backend included),
+    # what a newcomer's first speculative server runs on
+    args = [*TREE, "--speculative-draft-model-path", str(TRAINED_DFLASH)]
+    spec = launch_command(args, port=free_port())
+    spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", "--port", str(spec.port), *args]
     server = ServerProcess(spec, tmp_path / "serve.log")
     prompts = gsm8k_prompts(IN_FLIGHT)
     try:
