@@ -33,8 +33,10 @@ class AcceptanceStats:
         self._lock = threading.Lock()
         self._prometheus = _prometheus_counters() if prometheus else None
 
-    def record(self, accepted_drafts: torch.Tensor) -> None:
-        """accepted_drafts [bs] int: drafts accepted by each request this step (bonus excluded)."""
+    def record(self, accepted_drafts: torch.Tensor, depth: int | None = None) -> None:
+        """accepted_drafts [bs] int: drafts accepted by each request this step (bonus excluded); ``depth``: the
+        deepest position this step drafted (an adaptive step may draft fewer than ``max_depth``)."""
+        depth = self.max_depth if depth is None else min(depth, self.max_depth)
         counts = torch.bincount(
             accepted_drafts.long().clamp(0, self.max_depth),
             minlength=self.max_depth + 1,
@@ -45,14 +47,14 @@ class AcceptanceStats:
             for a, n in enumerate(counts):
                 self.histogram[a] += n
             reached = steps
-            for d in range(1, self.max_depth + 1):
+            for d in range(1, depth + 1):
                 reached -= counts[d - 1]  # steps that accepted >= d drafts
                 self.drafted[d] += steps
                 self.accepted[d] += reached
         if self._prometheus is not None:
             drafted, accepted, lengths = self._prometheus
             reached = steps
-            for d in range(1, self.max_depth + 1):
+            for d in range(1, depth + 1):
                 reached -= counts[d - 1]
                 drafted.labels(position=str(d)).inc(steps)
                 accepted.labels(position=str(d)).inc(reached)
@@ -187,7 +189,12 @@ def _record_step(result_none, reporter, batch, result):
     )
     if len(live) == len(accepted):
         accepted = accepted[live.to(accepted.device)]
-    stats_for(reporter).record(accepted)
+    stats = stats_for(reporter)
+    width = getattr(result, "speculative_num_draft_tokens", None)
+    depth = stats.max_depth if width is None else min(int(width) - 1, stats.max_depth)
+    if depth <= 0:  # an adaptive step without speculation (width 0): nothing drafted, nothing to count
+        return
+    stats.record(accepted, depth)
     return
 
 

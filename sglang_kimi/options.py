@@ -1,7 +1,7 @@
 """The plugin's own server options and switches (a leaf module: imports nothing of the plugin).
 
 ``--speculative-dflash-tree-budget N`` (added to SGLang's parser by ``flags.py``) switches DFLASH to DDTree draft
-trees. SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
+trees; ``--speculative-kimi-adaptive`` chooses the draft width of every step from measured acceptance and cost. SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
 (``server_args._sglang_kimi``, pickled into every subprocess like SGLang's own ``_launch_command``).
 """
 
@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass
 
 TREE_BUDGET_FLAG = "--speculative-dflash-tree-budget"
+ADAPTIVE_FLAG = "--speculative-kimi-adaptive"
+ADAPTIVE_CONFIG_FLAG = "--speculative-kimi-adaptive-config"
+ADAPTIVE_PROFILE_FLAG = "--speculative-kimi-adaptive-profile"
 # A verify window of budget + 1 <= 64 nodes: one 64-bit ancestor-mask word per node (kernels/tree_mla_attention).
 MAX_TREE_BUDGET = 63
 # Attention backends that apply an arbitrary tree mask to MLA verify (TARGET_VERIFY with a FULL_MASK custom mask).
@@ -33,6 +36,10 @@ class PluginArgs:
 
     dflash_tree_budget: int | None = None  # DDTree nodes below the root; None = DFlash chains
     dflash_tree_block: int | None = None  # the drafter's block in tree mode (resolved at start-up)
+    adaptive: bool = False  # choose the draft width per batch bucket (speculators/policy.py)
+    adaptive_config: str | None = None  # JSON policy settings (adaptive/config.py)
+    adaptive_profile: str | None = None  # the cost-profile file (adaptive/profile.py); None: the default cache
+    adaptive_widths: tuple[int, ...] | None = None  # candidate widths (resolved at start-up)
 
 
 def plugin_args(server_args) -> PluginArgs:

@@ -1,7 +1,8 @@
 """The plugin's report in ``/server_info`` (``internal_states[i]["sglang_kimi"]``), added by the scheduler.
 
 Version, every registration's outcome (``plugin.registration_state``), the plugin's server options, the
-per-position acceptance counters (``metrics.py``) and the FP8 KV scales (``models/kv_scales.py``).
+per-position acceptance counters (``metrics.py``), the FP8 KV scales (``models/kv_scales.py``) and, with
+``--speculative-kimi-adaptive``, the policy's state (``adaptive/runtime.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from sglang_kimi.hooks import hook
 
 
 def plugin_report(server_args) -> dict:
+    from sglang_kimi.adaptive.runtime import current_snapshot as adaptive_snapshot
     from sglang_kimi.metrics import current_snapshot
     from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
     from sglang_kimi.options import plugin_args
@@ -21,6 +23,7 @@ def plugin_report(server_args) -> dict:
     state["args"] = dataclasses.asdict(plugin_args(server_args))
     state["spec_metrics"] = current_snapshot()
     state["kv_scales"] = kv_scales_snapshot()
+    state["adaptive"] = adaptive_snapshot()
     return state
 
 

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from sglang_kimi.hooks import hook
 from sglang_kimi.options import (
+    ADAPTIVE_CONFIG_FLAG,
+    ADAPTIVE_FLAG,
+    ADAPTIVE_PROFILE_FLAG,
     CPU_SPECULATIVE_BACKENDS,
     DEBUG_GREEDY_VERIFY_ENV,
     MAX_TREE_BUDGET,
@@ -55,6 +58,72 @@ def load_config(path: str, trust_remote_code: bool, revision: str | None):
     return get_config(path, trust_remote_code=trust_remote_code, revision=revision)
 
 
+def _sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:
+    from packaging.version import Version
+    from sglang.version import __version__ as sglang_version
+
+    return Version(sglang_version).release[:3] >= release, sglang_version
+
+
+def _check_adaptive(cfg, algorithm: str | None, args) -> None:
+    """What ``--speculative-kimi-adaptive`` can drive: DFLASH chains and trees (the plugin's worker, so the same
+    needs as trees), not SGLang's own adaptive switch on top; its settings file is read here."""
+    from sglang_kimi.adaptive.config import load_adaptive_config
+
+    if not args.adaptive:
+        given = [f for f, v in ((ADAPTIVE_CONFIG_FLAG, args.adaptive_config), (ADAPTIVE_PROFILE_FLAG, args.adaptive_profile)) if v]
+        raise SpeculativeConfigError(f"{' and '.join(given)} only apply with {ADAPTIVE_FLAG}: add it, or drop them")
+    if algorithm != "DFLASH":
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} drives DFLASH chains and DFLASH trees, but --speculative-algorithm is {algorithm}: "
+            "use --speculative-algorithm DFLASH (for EAGLE/EAGLE3 chains use SGLang's own --speculative-adaptive)"
+        )
+    if getattr(cfg, "speculative_adaptive", False):
+        raise SpeculativeConfigError(
+            f"SGLang's --speculative-adaptive does not drive DFLASH (it tunes EAGLE steps); with {ADAPTIVE_FLAG} "
+            "the plugin chooses the widths: drop --speculative-adaptive"
+        )
+    for flag, backend in _backends(cfg):
+        if backend is not None and backend not in TREE_MASK_BACKENDS:
+            raise SpeculativeConfigError(
+                f"{ADAPTIVE_FLAG} verifies every width through the plugin's tree verify, which needs an attention "
+                f"backend that applies tree masks to MLA verify, but {flag} is {backend}: use --attention-backend "
+                f"{' or '.join(TREE_MASK_BACKENDS)}"
+            )
+    if cfg.page_size not in (None, 1):
+        raise SpeculativeConfigError(f"{ADAPTIVE_FLAG} needs --page-size 1 (got {cfg.page_size})")
+    ok, version = _sglang_at_least((0, 5, 22))
+    if not ok:
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
+            f"SGLang is {version}: upgrade SGLang, or drop the flag"
+        )
+    load_adaptive_config(args.adaptive_config)
+
+
+def _resolve_adaptive(server_args, cfg, args, drafter) -> None:
+    """The candidate widths: chain drafts 0..block-1 or tree budgets up to the budget (or the configured ones)."""
+    from sglang_kimi.adaptive.config import default_tree_widths, load_adaptive_config, resolve_widths
+
+    config = load_adaptive_config(args.adaptive_config)
+    if args.dflash_tree_budget is None:
+        block = int(cfg.speculative_num_draft_tokens or drafter.block_size)
+        if block < 2:
+            raise SpeculativeConfigError(
+                f"{ADAPTIVE_FLAG} chooses among 0..num-draft-tokens-1 drafts, but --speculative-num-draft-tokens is "
+                f"{block}: raise it (e.g. to the drafter's block size)"
+            )
+        widths = resolve_widths(config, block - 1, "number of chain drafts (--speculative-num-draft-tokens - 1)")
+        server_args._sglang_kimi = dataclasses.replace(args, dflash_tree_block=block, adaptive_widths=widths)
+        mode = f"DFLASH chains of up to {block - 1} drafts"
+    else:
+        budget = args.dflash_tree_budget
+        widths = resolve_widths(config, budget, f"tree budget ({TREE_BUDGET_FLAG})", default_tree_widths(budget))
+        server_args._sglang_kimi = dataclasses.replace(plugin_args(server_args), adaptive_widths=widths)
+        mode = f"DFLASH trees of up to {budget} nodes"
+    logger.info("sglang-kimi: adaptive speculation over %s: candidate widths %s", mode, list(widths))
+
+
 def _check_tree_budget(budget: int, algorithm: str | None) -> None:
     if algorithm != "DFLASH":
         raise SpeculativeConfigError(
@@ -65,10 +134,8 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
         raise SpeculativeConfigError(
             f"{TREE_BUDGET_FLAG} {budget} is outside 1..{MAX_TREE_BUDGET}: pick a node budget in that range"
         )
-    from packaging.version import Version
-    from sglang.version import __version__ as sglang_version
-
-    if Version(sglang_version).release[:3] < (0, 5, 22):  # the DDTree worker places its KV through KVLocPlan
+    ok, sglang_version = _sglang_at_least((0, 5, 22))
+    if not ok:  # the DDTree worker places its KV through KVLocPlan
         raise SpeculativeConfigError(
             f"{TREE_BUDGET_FLAG} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
             f"SGLang is {sglang_version}: upgrade SGLang, or drop the flag for DFLASH chains"
@@ -143,6 +210,8 @@ def _resolve_speculative(original, server_args):
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
         _check_tree_backend(cfg)
+    if args.adaptive or args.adaptive_config or args.adaptive_profile:
+        _check_adaptive(cfg, algorithm, args)
     if algorithm is not None and debug_greedy_verify():
         logger.warning(
             "sglang-kimi: %s=1: sampled requests are verified GREEDILY (debugging only; output is not lossless)",
@@ -167,6 +236,8 @@ def _resolve_speculative(original, server_args):
             block,
             window,
         )
+    if args.adaptive:
+        _resolve_adaptive(server_args, resolving_view(server_args), plugin_args(server_args), drafter)
 
 
 def install_validation(target: str):

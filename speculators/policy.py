@@ -244,6 +244,11 @@ class WidthPolicy:
         state = self.state[bucket]
         state.steps += 1
         current = state.width
+        measured = self.costs.table.get(bucket, {})
+        if len(measured) < min(2, len(self.widths)):  # no profile for this bucket: measure two widths (the table
+            # interpolates the rest) before comparing any
+            unmeasured = [w for w in self.widths if w not in measured]
+            return Decision(unmeasured[0] if not measured else unmeasured[-1], explore=True, changed=False)
         best = self.best(bucket)
         changed = False
         if best != current and self.rate(bucket, best) > self.rate(bucket, current) * (1 + self.hysteresis):

@@ -13,6 +13,12 @@ its draft forward and its draft-KV bookkeeping, and replaces the decode step:
 4. commit: the accepted path moves to the front of the window by permuting the request's ``req_to_token`` slots
    (its KV was written at the final positions already), so the rest of SGLang, the drafter's KV append included,
    sees a chain of ``accepted + 1`` committed tokens.
+
+With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too (a chain is a path tree of the
+block's argmax drafts) and each step runs the width ``w`` the policy chose for its batch (``adaptive/runtime.py``):
+w drafts of a chain or a tree of w nodes, a verify window of w + 1 tokens (the verify forward really shrinks; SGLang
+keeps reserving the widest window, so nothing is freed or re-planned), or with w = 0 no draft at all (a one-token
+verify: a plain decode step that still feeds the drafter's context).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from sglang_kimi.speculators.ddtree import (
     rank_draft_logits,
     shard_candidates,
 )
-from sglang_kimi.speculators.trees import DraftTree
+from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
 from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
@@ -81,11 +87,14 @@ class DFlashTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, *args, **kwargs):  # SGLang 0.5.20 also passes ps (its ParallelState)
         super().__init__(server_args, *args, **kwargs)
         args = plugin_args(server_args)
-        self.tree_budget = int(args.dflash_tree_budget)
-        # SGLang sized every per-step buffer and KV reservation by the verify window (budget + 1 slots, set at
-        # start-up); the drafter runs the shorter block.
+        # None: adaptive DFLASH chains (path trees of the block's argmax drafts)
+        self.tree_budget = None if args.dflash_tree_budget is None else int(args.dflash_tree_budget)
+        # SGLang sized every per-step buffer and KV reservation by the widest verify window (set at start-up); the
+        # drafter runs the (not longer) block.
         self.num_verify_tokens = int(self.block_size)
         self.block_size = int(args.dflash_tree_block)
+        self.max_width = self.tree_budget if self.tree_budget is not None else self.block_size - 1
+        mode = "DFLASH draft trees" if self.tree_budget is not None else "adaptive DFLASH chains"
         self.speculative_num_draft_tokens = self.num_verify_tokens
         self.draft_model.set_block_size(self.block_size)
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
@@ -99,16 +108,31 @@ class DFlashTreeWorker(DFlashWorkerV2):
             (_attn_dp_enabled(get_parallel()), "DP attention"),
         ):
             if unsupported:
-                raise ValueError(f"DFLASH draft trees (--speculative-dflash-tree-budget) do not support {what}")
+                raise ValueError(f"{mode} do not support {what}")
         lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
         if lm_head is None or not is_dense_head_weight(getattr(lm_head, "weight", None)):
-            raise ValueError("DFLASH draft trees need the target's LM head as a dense (unquantized) weight")
+            raise ValueError(f"{mode} need the target's LM head as a dense (unquantized) weight")
         logger.info(
-            "DFLASH draft trees: budget %d nodes, draft block %d, verify window %d",
-            self.tree_budget,
+            "%s: up to %d %s, draft block %d, verify window up to %d",
+            mode,
+            self.max_width,
+            "nodes" if self.tree_budget is not None else "drafts",
             self.block_size,
             self.num_verify_tokens,
         )
+        self.adaptive = None
+        self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        self._start_adaptive()
+
+    def _start_adaptive(self):
+        if self._adaptive_pending:
+            from sglang_kimi.workers.dflash_adaptive import start_adaptive
+
+            self._adaptive_pending = False
+            self.adaptive = start_adaptive(self, plugin_args(self.server_args))
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -122,40 +146,50 @@ class DFlashTreeWorker(DFlashWorkerV2):
     def _tree_decode_step(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
         draft_input = batch.spec_info
         bs = len(batch.seq_lens)
-        block, window = self.block_size, self.num_verify_tokens
+        self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
+        width = self.adaptive.choose(bs) if self.adaptive is not None else self.max_width
+        started = self.adaptive.start() if self.adaptive is not None else None
+        block, window = self.block_size, width + 1
         prefix_lens = batch.seq_lens  # [bs]
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
         target_runner = self.target_worker.model_runner
         req_to_token = target_runner.req_to_token_pool.req_to_token
 
-        # The step's verify window: N reserved slots per request, from position prefix on.
+        # The step's slots: reserved by SGLang for the widest window, from position prefix on; the verify writes
+        # the first w + 1 of them, the drafter's scratch block the first B.
+        span = max(window, block) if width > 0 else window
         window_slots = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=req_to_token,
             start_offset=prefix_lens,
-            end_offset=prefix_lens + window,
+            end_offset=prefix_lens + span,
             batch_size=bs,
-            draft_token_num=window,
+            draft_token_num=span,
             device=self.device,
-        ).view(bs, window)  # [bs, N]
-        kv_loc_plan = target_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            seq_lens_cpu=seq_lens_cpu,
-            write_virtual=window_slots.reshape(-1),
-            read_extent=window,
-        )
+        ).view(bs, span)  # [bs, span]
+        verify_slots = window_slots[:, :window].contiguous()  # [bs, w+1]
+        kv_loc_plan = self._plan(batch, seq_lens_cpu, verify_slots)
 
         # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head.
         root = draft_input.bonus_tokens.view(-1).long()  # [bs]
-        draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan)  # [bs, B, H]
-        ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1:].reshape(bs * (block - 1), -1))
-        ranked_lp = ranked_lp.view(bs, block - 1, -1)  # [bs, B-1, K]
-        ranked_ids = ranked_ids.view(bs, block - 1, -1)
-        ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+        if width == 0:
+            tree = build_chain(root, root.new_empty((bs, 0)))
+        else:
+            draft_plan = kv_loc_plan if window == block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
+            draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
+            depth = min(width, block - 1)  # draft positions the step can use
+            k = 1 if self.tree_budget is None else width
+            ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
+            ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
+            ranked_ids = ranked_ids.view(bs, depth, -1)
+            ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+            if self.tree_budget is None:
+                tree = build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
+            else:
+                tree = self._build_tree(root, ranked_lp, ranked_ids, width)
 
-        # 2) The DDTree, padded to the window.
-        tree = pad_tree(self._build_tree(root, ranked_lp, ranked_ids), window)
+        # 2) The tree (or chain), padded to the window.
+        tree = pad_tree(tree, window)
         grammar_tree = (
             GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
             if batch.has_grammar
@@ -172,7 +206,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=kv_loc_plan,
         )
-        batch.out_cache_loc = window_slots.reshape(-1)
+        batch.out_cache_loc = verify_slots.reshape(-1)
         saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
         if saved_cpu is not None:
             batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
@@ -207,13 +241,13 @@ class DFlashTreeWorker(DFlashWorkerV2):
             result = verify_tree(tree, target_probs=probs, coins=coins)
         commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
         order = path_first_order(result.accepted_nodes, window)  # [bs, N]
-        committed_slots = window_slots.gather(1, order)  # [bs, N]
+        committed_slots = verify_slots.gather(1, order)  # [bs, w+1]
         columns = prefix_lens.long()[:, None] + torch.arange(window, device=self.device)  # [bs, N]
         req_to_token[batch.req_pool_indices.long()[:, None], columns] = committed_slots.to(req_to_token.dtype)
 
         out_tokens = torch.full((bs, window), OUT_TOKEN_PAD, dtype=torch.int64, device=self.device)
-        width = result.output_tokens.shape[1]
-        out_tokens[:, :width] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
+        emitted = result.output_tokens.shape[1]
+        out_tokens[:, :emitted] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
         logits_output.next_token_logits = gather_rows(logits, order)
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
@@ -236,6 +270,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         logits_output.hidden_states = None
 
+        if self.adaptive is not None:
+            self.adaptive.finish(started, bs, width, result.num_accepted)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
@@ -249,6 +285,16 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
 
     # ------------------------------------------------------------------------------------------------------------
+
+    def _plan(self, batch, seq_lens_cpu, slots: torch.Tensor):
+        """The KV plan of a forward writing ``slots`` [bs, n] from the committed prefix on."""
+        return self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=slots.reshape(-1),
+            read_extent=slots.shape[1],
+        )
 
     def _draft_block(self, batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan) -> torch.Tensor:
         """Hidden states [bs, B, H] of the DFlash drafter over the block [root, mask x (B-1)]."""
@@ -288,8 +334,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DFLASH draft model returned no hidden states.")
         return hidden.view(bs, block, -1)
 
-    def _ranked_draft_logprobs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's best K = min(budget, V) tokens under the target's LM head: (log-probs [n, K] float32 over
+    def _ranked_draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's best min(k, V) tokens under the target's LM head: (log-probs [n, K] float32 over
         the full vocabulary, token ids [n, K]), ranked by log-prob then id. Tensor-parallel: every rank ranks its
         shard; candidates and log-sum-exps are gathered, so all ranks build the same tree."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
@@ -301,7 +347,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         local_size = int(shard.num_org_elements) if shard is not None else vocab
         with _draft_tp_scope(self):
             logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
-        k = min(self.tree_budget, vocab)
+        k = min(k, vocab)
         if tp_size == 1:
             return rank_draft_logits(logits, k)
         values, ids, lse = shard_candidates(logits, k, local_start)  # [n, K], [n, K], [n, 1]
@@ -321,9 +367,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
         draft_health.record(int(bad.any(dim=-1).sum()), prometheus=bool(self.server_args.enable_metrics))
         return ranked_lp.masked_fill(bad, float("-inf"))
 
-    def _build_tree(self, root, ranked_lp, ranked_ids) -> DraftTree:
+    def _build_tree(self, root, ranked_lp, ranked_ids, budget: int) -> DraftTree:
         if self._use_triton_ddtree:
             from sglang_kimi.kernels.ddtree_build import ddtree_build
 
-            return ddtree_build(root, ranked_lp, ranked_ids, self.tree_budget)
-        return build_ddtree_ranked(root, ranked_lp, ranked_ids, self.tree_budget)
+            return ddtree_build(root, ranked_lp, ranked_ids, budget)
+        return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)

@@ -1,5 +1,5 @@
-"""Which worker serves a speculative algorithm: DFLASH with ``--speculative-dflash-tree-budget`` runs the plugin's
-DDTree worker; everything else keeps SGLang's own choice."""
+"""Which worker serves a speculative algorithm: DFLASH with ``--speculative-dflash-tree-budget`` or
+``--speculative-kimi-adaptive`` runs the plugin's DDTree worker; everything else keeps SGLang's own choice."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from sglang_kimi.options import plugin_args
 
 
 def _create_worker(original, algorithm, server_args):
-    if algorithm.is_dflash() and plugin_args(server_args).dflash_tree_budget is not None:
+    args = plugin_args(server_args)
+    if algorithm.is_dflash() and (args.dflash_tree_budget is not None or args.adaptive):
         from sglang_kimi.workers.dflash_tree import DFlashTreeWorker
 
         return DFlashTreeWorker

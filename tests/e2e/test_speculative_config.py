@@ -63,7 +63,22 @@ def drafters(tmp_path_factory):
         "dflash_vocab": _edit_config(write_dflash(root / "dflash_vocab", block_size=8), vocab_size=5000),
         "dflash_hidden": _edit_config(write_dflash(root / "dflash_hidden", block_size=8), hidden_size=128),
         "dflash_layers": _edit_config(write_dflash(root / "dflash_layers", block_size=8), target_layer_ids=[1, 9]),
+        "adaptive": _write(root / "adaptive.json", json.dumps({"widths": [0, 1, 3], "explore_every": 10})),
+        "adaptive_bad_json": _write(root / "adaptive_bad.json", '{"widths": [0, 1,'),
+        "adaptive_unknown": _write(root / "adaptive_unknown.json", json.dumps({"width": [0, 1]})),
+        "adaptive_wide": _write(root / "adaptive_wide.json", json.dumps({"widths": [0, 3, 9]})),
+        "adaptive_explore": _write(root / "adaptive_explore.json", json.dumps({"explore_every": 1})),
+        "adaptive_type": _write(root / "adaptive_type.json", json.dumps({"hysteresis": "5%"})),
     }
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def adaptive(config=None, *extra):
+    return ["--speculative-kimi-adaptive", *(["--speculative-kimi-adaptive-config", str(config)] if config else []), *extra]
 
 
 def dflash(path, *extra, backend="kimi_cpu"):
@@ -154,6 +169,25 @@ def cases(d):
         ),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
+        # adaptive speculation: what it cannot drive, and settings files it cannot use
+        (
+            eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                   "--speculative-num-draft-tokens", "4", *adaptive()),
+            ["--speculative-kimi-adaptive drives DFLASH", "EAGLE3", "--speculative-adaptive"],
+        ),  # fmt: skip
+        (dflash(d["dflash"], *adaptive(), "--speculative-adaptive"), ["drop --speculative-adaptive"]),
+        (dflash(d["dflash"], "--speculative-kimi-adaptive-config", str(d["adaptive"])), ["only apply with"]),
+        (dflash(d["dflash"], *adaptive("/nonexistent/policy.json")), ["/nonexistent/policy.json", "cannot read"]),
+        (dflash(d["dflash"], *adaptive(d["adaptive_bad_json"])), ["adaptive_bad.json", "not valid JSON"]),
+        (dflash(d["dflash"], *adaptive(d["adaptive_unknown"])), ["unknown setting(s) width", "widths"]),
+        (dflash(d["dflash"], *adaptive(d["adaptive_wide"])), ["[9]", "(7)"]),
+        (
+            dflash(d["dflash"], "--speculative-dflash-tree-budget", "4", *adaptive(d["adaptive_wide"])),
+            ["[9]", "tree budget", "(4)"],
+        ),
+        (dflash(d["dflash"], *adaptive(d["adaptive_explore"])), ["'explore_every' must be >= 2"]),
+        (dflash(d["dflash"], *adaptive(d["adaptive_type"])), ["'hysteresis' must be a number", "5%"]),
+        (dflash(d["dflash"], "--page-size", "16", *adaptive()), ["--page-size 1"]),
         (
             eagle3(
                 d["eagle3"],
@@ -209,6 +243,13 @@ def test_good_settings_resolve(drafters):
                 "6",
             ),
         ],
+        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"], *adaptive(drafters["adaptive"]))],
+        [
+            "--model-path",
+            str(TINY_MODEL),
+            *CPU_ARGS,
+            *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+        ],
     ]
     env, _ = sglang_env(cpu=True)
     out = subprocess.run(
@@ -216,7 +257,7 @@ def test_good_settings_resolve(drafters):
     )
     line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
     assert line, out.stderr[-3000:]
-    assert json.loads(line[0][len("OUTCOMES=") :]) == [None, None, None]
+    assert json.loads(line[0][len("OUTCOMES=") :]) == [None] * len(argvs)
 
 
 def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):

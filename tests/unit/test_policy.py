@@ -159,3 +159,17 @@ def test_bad_configurations_are_refused():
         WidthPolicy([0, 1], [1], ChainAcceptance(2), CostTable(), explore_every=1)
     with pytest.raises(ValueError, match="initial width"):
         WidthPolicy([0, 1], [1], ChainAcceptance(2), CostTable(), initial_width=5)
+
+
+def test_without_a_profile_the_extreme_widths_are_measured_before_any_is_compared():
+    widths = [0, 1, 2, 4]
+    policy = WidthPolicy(widths, [1, 8], ChainAcceptance(4), CostTable(), explore_every=20)
+    seen = []
+    for _ in range(2):
+        decision = policy.choose(8)
+        assert decision.explore
+        seen.append(decision.width)
+        policy.observe(8, decision.width, [min(decision.width, 1)], 0.01 * (1 + decision.width))
+    assert seen == [0, 4]
+    assert policy.costs.seconds(8, 2) == pytest.approx(0.03)  # the rest interpolated
+    assert policy.choose(1).explore  # bucket 1 has no measurements yet: it measures too

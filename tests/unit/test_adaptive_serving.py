@@ -1,0 +1,195 @@
+"""The serving side of adaptive speculation without a server: the settings file, the cost-profile file and the
+runtime that asks and feeds the policy (the policy itself: test_policy.py)."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from sglang_kimi.adaptive.config import (
+    AdaptiveConfig,
+    AdaptiveConfigError,
+    default_buckets,
+    default_tree_widths,
+    load_adaptive_config,
+    resolve_widths,
+)
+from sglang_kimi.adaptive.profile import FORMAT, load_or_measure, read_profile, write_profile
+from sglang_kimi.adaptive.runtime import AdaptiveRuntime
+from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, WidthPolicy
+
+pytestmark = pytest.mark.unit
+
+
+def _write(tmp_path, text, name="policy.json"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_settings_file_round_trip(tmp_path):
+    path = _write(tmp_path, json.dumps({"widths": [0, 2, 5], "buckets": [1, 8], "explore_every": 4, "hysteresis": 0}))
+    config = load_adaptive_config(path)
+    assert config.widths == (0, 2, 5) and config.buckets == (1, 8)
+    assert config.explore_every == 4 and config.hysteresis == 0.0
+    assert config.cost_decay == AdaptiveConfig().cost_decay  # unset keys keep their defaults
+    assert load_adaptive_config(None) == AdaptiveConfig()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"widths": [0, 1,', ["not valid JSON"]),
+        ("[0, 1]", ["JSON object"]),
+        ('{"width": [0, 1]}', ["unknown setting(s) width", "widths"]),
+        ('{"widths": []}', ["'widths'", "non-empty list"]),
+        ('{"widths": [0, 1.5]}', ["'widths'", "integers"]),
+        ('{"widths": [0, 2, 2]}', ["distinct"]),
+        ('{"buckets": [0, 4]}', ["'buckets'", ">= 1"]),
+        ('{"explore_every": 1}', ["'explore_every' must be >= 2"]),
+        ('{"explore_every": true}', ["'explore_every' must be an integer"]),
+        ('{"hysteresis": 1.0}', ["'hysteresis' must be in [0, 1)"]),
+        ('{"cost_decay": 0}', ["'cost_decay' must be in (0, 1]"]),
+        ('{"profile_repeats": 0}', ["'profile_repeats' must be >= 1"]),
+    ],
+)
+def test_each_bad_settings_file_is_one_clear_error(tmp_path, text, words):
+    path = _write(tmp_path, text)
+    with pytest.raises(AdaptiveConfigError) as error:
+        load_adaptive_config(path)
+    message = str(error.value)
+    assert path in message and all(w in message for w in words), message
+    assert isinstance(error.value, SpeculativeConfigError)  # printed as a start-up error, without a traceback
+
+
+def test_an_unreadable_settings_file_names_the_path(tmp_path):
+    with pytest.raises(AdaptiveConfigError, match="cannot read"):
+        load_adaptive_config(str(tmp_path / "missing.json"))
+
+
+def test_widths_and_buckets_resolve():
+    assert resolve_widths(AdaptiveConfig(), 7, "drafts") == tuple(range(8))
+    assert resolve_widths(AdaptiveConfig(widths=(5, 0, 2)), 7, "drafts") == (0, 2, 5)
+    with pytest.raises(AdaptiveConfigError, match=r"\[9\].*\(7\)"):
+        resolve_widths(AdaptiveConfig(widths=(0, 9)), 7, "drafts")
+    with pytest.raises(AdaptiveConfigError, match="initial_width 3"):
+        resolve_widths(AdaptiveConfig(widths=(0, 2), initial_width=3), 7, "drafts")
+    with pytest.raises(AdaptiveConfigError, match="initial_width 3"):
+        resolve_widths(AdaptiveConfig(initial_width=3), 32, "budget", default_tree_widths(32))
+    assert default_tree_widths(32) == (0, 1, 2, 4, 8, 16, 32)
+    assert default_tree_widths(12) == (0, 1, 2, 4, 8, 12)
+    assert default_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert default_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_buckets(1) == (1,)
+
+
+KEY = {"device": "cuda:NVIDIA H100", "model": "/m", "tp_size": 8, "widths": [0, 1], "buckets": [1, 4]}
+
+
+def test_a_profile_is_reused_only_for_its_own_setup(tmp_path, caplog):
+    path = tmp_path / "profile.json"
+    write_profile(path, KEY, {1: {0: 0.01, 1: 0.02}, 4: {0: 0.03, 1: 0.05}})
+    assert json.loads(path.read_text())["format"] == FORMAT
+    assert read_profile(path, KEY) == {1: {0: 0.01, 1: 0.02}, 4: {0: 0.03, 1: 0.05}}
+    with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
+        assert read_profile(path, {**KEY, "tp_size": 4}) is None
+        assert read_profile(path, {**KEY, "device": "cuda:NVIDIA H200"}) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "another setup" in lines[0] and "tp_size: 8 (file) vs 4 (this server)" in lines[0]
+    assert "H100" in lines[1] and "H200" in lines[1]
+
+
+def test_a_stale_or_corrupt_profile_is_measured_afresh_and_replaced(tmp_path, caplog):
+    path = tmp_path / "profile.json"
+    calls = []
+
+    def step(batch, width):
+        calls.append((batch, width))
+        return 0.001 * batch * (width + 1)
+
+    write_profile(path, {**KEY, "model": "/another"}, {1: {0: 9.0, 1: 9.0}})
+    with caplog.at_level(logging.INFO, logger="sglang_kimi"):
+        table, file, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
+    assert measured and file == path and sorted(calls) == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    assert table[4][1] == pytest.approx(0.008)
+    assert any("another setup" in r.getMessage() and "/another" in r.getMessage() for r in caplog.records)
+    assert any("profiled batch 4 (2/2 buckets" in r.getMessage() for r in caplog.records)  # progress per bucket
+    calls.clear()
+    table, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)  # a restart: reused, not measured
+    assert not measured and not calls and table[4][1] == pytest.approx(0.008)
+    path.write_text("{not json")
+    _, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
+    assert measured and read_profile(path, KEY) is not None
+
+
+def test_the_default_profile_file_is_one_per_setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _, a, _ = load_or_measure(None, KEY, [1], [0], lambda b, w: 0.1)
+    _, b, _ = load_or_measure(None, {**KEY, "tp_size": 2}, [1], [0], lambda b, w: 0.1)
+    assert a != b and a.parent == b.parent == tmp_path / "sglang-kimi" / "cost-profiles"
+
+
+class SteppedClock:
+    """A clock the test advances by the step's synthetic cost."""
+
+    cuda = False
+
+    def __init__(self):
+        self.now = 0.0
+
+    def mark(self):
+        return self.now
+
+    def ready(self, end):
+        return True
+
+    @staticmethod
+    def seconds(start, end):
+        return end - start
+
+
+def cost(batch, width):
+    return 0.010 + 0.001 * width if batch == 1 else 0.020 + 0.030 * width  # verify grows with tokens at batch 8
+
+
+def _runtime(widths=(0, 1, 2, 3), explore_every=20):
+    costs = CostTable()
+    for w in widths:
+        for b in (1, 8):
+            costs.set(b, w, 0.5 * cost(b, w))  # a start-up profile off by 2x: the steps' timings correct it
+    policy = WidthPolicy(list(widths), [1, 8], ChainAcceptance(max(widths)), costs, explore_every=explore_every)
+    return AdaptiveRuntime(policy, "test", "cpu", prometheus=False, clock=SteppedClock())
+
+
+def test_runtime_learns_from_the_steps_and_logs_each_change_once(caplog):
+    runtime = _runtime()
+    with caplog.at_level(logging.INFO, logger="sglang_kimi"):
+        for _ in range(300):
+            for batch in (1, 8):
+                width = runtime.choose(batch)
+                start = runtime.start()
+                runtime.clock.now += cost(batch, width)
+                accepted = torch.tensor([min(width, 2)] * batch)  # two drafts always accepted, the third never
+                runtime.finish(start, batch, width, accepted)
+    snap = runtime.snapshot()
+    assert snap["buckets"]["1"]["width"] == 2  # cheap verify: stop where acceptance stops
+    assert snap["buckets"]["8"]["width"] == 0  # expensive verify: 2 tokens for 2.5x the cost do not pay
+    switches = sum(s["switches"] for s in snap["buckets"].values())
+    changes = [r for r in caplog.records if "now runs width" in r.getMessage()]
+    assert len(changes) == switches >= 1
+    assert sum(snap["steps_by_width"].values()) == 600
+    assert snap["acceptance"][:2] == [pytest.approx(1.0, abs=0.02)] * 2 and snap["acceptance"][2] < 0.25  # rarely tried: the prior still shows
+    assert snap["costs"][1][2] == pytest.approx(cost(1, 2), rel=0.01)  # refined from the profile's 0.5x
+
+
+def test_runtime_with_frequent_exploration_runs_many_widths():
+    runtime = _runtime(explore_every=2)
+    for _ in range(100):
+        width = runtime.choose(1)
+        start = runtime.start()
+        runtime.clock.now += cost(1, width)
+        runtime.finish(start, 1, width, torch.tensor([width]))
+    assert sum(1 for n in runtime.snapshot()["steps_by_width"].values() if n) >= 2
