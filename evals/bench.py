@@ -149,7 +149,24 @@ def _stats(result: dict, metric: str) -> dict:
     return {ours: float(result[f"{theirs}_{metric}_ms"]) for ours, theirs in STAT_KEYS.items()}
 
 
-def summarize_level(concurrency: int, rows: int, result: dict, before: dict, after: dict) -> dict:
+def adaptive_steps(info: dict) -> dict[str, int] | None:
+    """Steps per draft width of an adaptive server (``--speculative-kimi-adaptive``), None for any other."""
+    states = info.get("internal_states") or [{}]
+    state = ((states[0] or {}).get("sglang_kimi") or {}).get("adaptive")
+    return dict(state["steps_by_width"]) if state else None
+
+
+def widths_run(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    """Steps each width ran between two snapshots (the widths the policy chose for this level)."""
+    if after is None:
+        return None
+    steps = {w: n - (before or {}).get(w, 0) for w, n in after.items()}
+    return {w: n for w, n in steps.items() if n > 0}
+
+
+def summarize_level(
+    concurrency: int, rows: int, result: dict, before: dict, after: dict, widths: dict[str, int] | None = None
+) -> dict:
     """Our record of one level from SGLang's result dict and two acceptance snapshots."""
     errors = [e for e in result.get("errors", []) if e]
     acc = acceptance.level_acceptance(before, after)
@@ -171,6 +188,9 @@ def summarize_level(concurrency: int, rows: int, result: dict, before: dict, aft
         "tau": acc["tau_level"] if acc and acc["tau_level"] is not None else after["tau"],
         "tau_sglang_lifetime": after["tau"],  # avg_spec_accept_length: since start-up, updated at SGLang's log steps
         "acceptance": acc,
+        # adaptive servers: steps per draft width at this level, and the width most steps ran
+        "adaptive_widths": widths,
+        "chosen_width": int(max(widths, key=widths.get)) if widths else None,
         "first_error": errors[0][:500] if errors else None,
     }
 
@@ -204,7 +224,8 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
             warmup_requests=cfg.warmup_requests,
             output_file=str(out_dir / f"sglang_bench_serving_{label}.jsonl"),
         )
-        before = acceptance.snapshot(_server_info(server.url))
+        info = _server_info(server.url)
+        before, steps_before = acceptance.snapshot(info), adaptive_steps(info)
         try:
             result = sglang_bench.run_level(
                 serving,
@@ -217,8 +238,9 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
             )
         except ValueError as exc:  # SGLang raises ValueError when every warm-up request fails
             raise EvalError(f"{server.url}: {str(exc)[:300]}") from None
-        after = acceptance.snapshot(_server_info(server.url))
-        level = summarize_level(c, len(rows), result, before, after)
+        info = _server_info(server.url)
+        after = acceptance.snapshot(info)
+        level = summarize_level(c, len(rows), result, before, after, widths_run(steps_before, adaptive_steps(info)))
         if level["completed"] == 0:
             raise EvalError(f"{server.url}: every request at concurrency {c} failed: {level['first_error']}")
         levels.append(level)
@@ -285,6 +307,13 @@ def table(levels: list[dict], baseline: list[dict] | None) -> str:
         )
     if not acc:
         lines.append("acceptance by position: n/a (the server reports no speculative-decoding counters)")
+    for lv in levels:
+        if lv.get("adaptive_widths"):
+            total = sum(lv["adaptive_widths"].values())
+            shares = ", ".join(
+                f"{w}: {100 * n / total:.0f}%" for w, n in sorted(lv["adaptive_widths"].items(), key=lambda x: int(x[0]))
+            )
+            lines.append(f"adaptive widths @ concurrency {lv['concurrency']}: chosen {lv['chosen_width']} ({shares})")
     return "\n".join(lines)
 
 

@@ -16,8 +16,8 @@ where verify cost grows with the tokens verified. The two inputs are estimated o
 - :class:`TreeAcceptance`: for trees (and any family of widths whose gain is not a product of positions), the mean
   committed tokens per step of each width, decayed; a width not yet observed borrows from its nearest observed
   neighbours, optimistically, so that exploration reaches it.
-- :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile, refined by the steps' own
-  timings with the same decay.
+- :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile (each value stands until the
+  first real step of its cell replaces it), then the steps' own timings, decayed.
 
 :class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on neighbouring widths (so the
 estimates of widths not chosen do not go stale) and hysteresis (a new width must beat the current one by a margin,
@@ -142,13 +142,19 @@ class CostTable:
     def __init__(self, decay: float = 0.98):
         self.decay = decay
         self.table: dict[int, dict[int, Decayed]] = {}
+        self._profiled: set[tuple[int, int]] = set()
 
     def set(self, bucket: int, width: int, seconds: float) -> None:
+        """A profiled value: used until the first real step of this (bucket, width) replaces it."""
         cell = Decayed()
         cell.add(seconds, self.decay)
         self.table.setdefault(bucket, {})[width] = cell
+        self._profiled.add((bucket, width))
 
     def observe(self, bucket: int, width: int, seconds: float) -> None:
+        if (bucket, width) in self._profiled:  # a real step supersedes the dummy-input profile (which may be noisy)
+            self._profiled.discard((bucket, width))
+            self.table[bucket][width] = Decayed()
         self.table.setdefault(bucket, {}).setdefault(width, Decayed()).add(seconds, self.decay)
 
     def seconds(self, bucket: int, width: int) -> float | None:
@@ -175,6 +181,7 @@ class BucketState:
     switches: int = 0
     expected_tokens: float = 1.0  # E_w of the chosen width when it was chosen
     realised: Decayed = field(default_factory=Decayed)  # committed tokens per request per step, as observed
+    last_run: dict[int, int] = field(default_factory=dict)  # width -> this bucket's step that last ran it
 
 
 @dataclass(frozen=True)
@@ -256,11 +263,24 @@ class WidthPolicy:
             current = best
         state.expected_tokens = self.acceptance.expected_tokens(current)
         if state.steps % self.explore_every == 0 and len(self.widths) > 1:
+            return Decision(self._explored(state, current), explore=True, changed=changed)
+        state.last_run[current] = state.steps
+        return Decision(current, explore=False, changed=changed)
+
+    def _explored(self, state: BucketState, current: int) -> int:
+        """Two explorations in three try a neighbour of the current width (below, then above); the third tries the
+        width this bucket has run least recently, so that a width far from the current one (whose cost or
+        acceptance estimate may be stale, e.g. from a noisy profile) is still revisited."""
+        turn = state.steps // self.explore_every
+        if turn % 3 == 2:
+            others = [w for w in self.widths if w != current]
+            width = min(others, key=lambda w: (state.last_run.get(w, -1), w))
+        else:
             i = self.widths.index(current)
             neighbours = [self.widths[j] for j in (i - 1, i + 1) if 0 <= j < len(self.widths)]
-            neighbour = neighbours[(state.steps // self.explore_every) % len(neighbours)]
-            return Decision(neighbour, explore=True, changed=changed)
-        return Decision(current, explore=False, changed=changed)
+            width = neighbours[turn % len(neighbours)]
+        state.last_run[width] = state.steps
+        return width
 
     def observe(self, batch_size: int, width: int, accepted: Sequence[int], seconds: float | None) -> None:
         """The outcome of a step: ``accepted[r]`` drafts accepted per request, ``seconds`` it took (None if not

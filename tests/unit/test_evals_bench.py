@@ -185,3 +185,22 @@ def test_bench_args_cover_what_sglang_reads():
     )
     assert read - optional - set(vars(args)) == set()
     assert args.backend == "sglang" and args.disable_ignore_eos is False and args.temperature == 0.0
+
+
+def test_adaptive_widths_of_a_level_are_the_step_difference():
+    from sglang_kimi.evals.bench import adaptive_steps, widths_run
+
+    def info(steps):
+        return {"internal_states": [{"sglang_kimi": {"adaptive": {"steps_by_width": steps}}}]}
+
+    before = adaptive_steps(info({"0": 5, "2": 10, "7": 1}))
+    after = adaptive_steps(info({"0": 5, "2": 40, "7": 11}))
+    widths = widths_run(before, after)
+    assert widths == {"2": 30, "7": 10}
+    assert adaptive_steps({"internal_states": [{"sglang_kimi": {"adaptive": None}}]}) is None
+    assert widths_run(None, None) is None
+    plain = {"tau": None, "spec_metrics": None}
+    level = summarize_level(4, 2, _sglang_result(), plain, plain, widths)
+    assert level["chosen_width"] == 2 and level["adaptive_widths"] == widths
+    assert "adaptive widths @ concurrency 4: chosen 2 (2: 75%, 7: 25%)" in table([level], None)
+    assert summarize_level(4, 2, _sglang_result(), plain, plain)["chosen_width"] is None

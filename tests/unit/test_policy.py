@@ -173,3 +173,20 @@ def test_without_a_profile_the_extreme_widths_are_measured_before_any_is_compare
     assert seen == [0, 4]
     assert policy.costs.seconds(8, 2) == pytest.approx(0.03)  # the rest interpolated
     assert policy.choose(1).explore  # bucket 1 has no measurements yet: it measures too
+
+
+def test_a_far_width_with_a_stale_estimate_is_revisited_and_recovered():
+    """A noisy profile made widths 3..7 look 30x dearer than they are; exploring only the current width's
+    neighbours would never measure them again."""
+    widths = list(range(8))
+    true_cost = {w: 0.010 + 0.0005 * w for w in widths}  # batch 1: verify cost barely grows
+    costs = CostTable()
+    for w in widths:
+        costs.set(1, w, true_cost[w] * (30 if w >= 3 else 1))
+    policy = WidthPolicy(widths, [1], ChainAcceptance(7), costs, explore_every=10)
+    rng = random.Random(0)
+    for _ in range(3000):
+        width = policy.choose(1).width
+        accepted = next((d for d in range(width) if rng.random() > 0.9), width)  # 90% per position
+        policy.observe(1, width, [accepted], true_cost[width])
+    assert policy.state[1].width >= 5
