@@ -206,7 +206,8 @@ def dflash_config(args) -> configs.DFlashConfig:
 def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, dict]:
     cfg = dflash_config(args)
     torch.manual_seed(args.seed)
-    model = dflash.DFlashDrafter(cfg)
+    model = dflash.DFlashDrafter.from_pretrained(args.init_from) if args.init_from else dflash.DFlashDrafter(cfg)
+    cfg = model.config
     model.attach_target(target.embed_tokens.weight, target.lm_head.weight)
     slots = layer_slots(cfg.target_layer_ids)
     block = cfg.block_size
@@ -443,6 +444,20 @@ def quick_tau(target_model, dirs: dict[str, Path], n: int, new_tokens: int) -> d
     return {k: sum(v) / len(v) for k, v in out.items()}  # fmt: skip
 
 
+def perturbed(target, scale: float, seed: int):
+    """A copy of the target with every weight moved by ``scale`` x its standard deviation x seeded Gaussian noise."""
+    import copy
+
+    other = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in other.parameters():
+            if p.numel() > 1 and p.dtype.is_floating_point:
+                noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+                p.add_((noise * float(p.float().std()) * scale).to(p.dtype))
+    return other
+
+
 def merge_report(path: Path, update: dict) -> None:
     """Update the JSON report in place (the two drafters may be trained by separate processes)."""
     report = json.loads(path.read_text()) if path.exists() else {}
@@ -483,6 +498,17 @@ def main() -> None:
     ap.add_argument("--tau-prompts", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
     ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train the forward in fp32")
+    ap.add_argument(
+        "--perturb-target",
+        type=float,
+        default=0.0,
+        metavar="SCALE",
+        help="train against a perturbed copy of the target (every weight + SCALE x its std x seeded noise): a "
+        "drafter for another checkpoint, whose acceptance on the real target falls (tau is measured on the real one)",
+    )
+    ap.add_argument("--dflash-name", default="tiny-kimi-k2.6-dflash", help="the DFlash drafter's folder name")
+    ap.add_argument("--init-from", type=Path, help="start the DFlash drafter from this checkpoint (fine-tune)")
+    ap.add_argument("--declared-target", help="written as target_model in the drafter's config.json")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -490,6 +516,7 @@ def main() -> None:
     target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR)
     for p in target.parameters():
         p.requires_grad_(False)
+    train_target = perturbed(target, args.perturb_target, args.seed) if args.perturb_target else target
     tokenizer = common.load_tokenizer()
     names = [args.only] if args.only else ["dflash", "eagle3"]
     report: dict = {"target": str(tiny.TINY_MODEL_DIR.relative_to(REPO))}
@@ -500,7 +527,7 @@ def main() -> None:
         print(f"regenerated text: {len(seqs)} sequences from {args.data_cache}")
     else:
         print(f"regenerating {args.prompts} GSM8K train answers x {args.new_tokens} tokens", flush=True)
-        seqs = regenerate(target, tokenizer, args.prompts, args.new_tokens, args.gen_batch, args.seed)
+        seqs = regenerate(train_target, tokenizer, args.prompts, args.new_tokens, args.gen_batch, args.seed)
         report["regenerate_seconds"] = round(time.time() - t0, 1)
         if args.data_cache:
             torch.save(seqs, args.data_cache)
@@ -511,15 +538,21 @@ def main() -> None:
         merge_report(args.report, report)
         return
     t0 = time.time()
-    extract_features(target, seqs, batch=32)
+    extract_features(train_target, seqs, batch=32)
     report["features_seconds"] = round(time.time() - t0, 1)
 
-    dirs = {name: args.out_dir / f"tiny-kimi-k2.6-{name}" for name in names}
+    folders = {"dflash": args.dflash_name, "eagle3": "tiny-kimi-k2.6-eagle3"}
+    dirs = {name: args.out_dir / folders[name] for name in names}
     trainers = {"dflash": train_dflash, "eagle3": train_eagle3}
     for name in names:
         print(f"training {name}", flush=True)
-        model, rep = trainers[name](args, target, seqs)
+        model, rep = trainers[name](args, train_target, seqs)
         model.save_pretrained(dirs[name])
+        if args.declared_target:
+            config_path = dirs[name] / "config.json"
+            config = json.loads(config_path.read_text())
+            config["target_model"] = args.declared_target
+            config_path.write_text(json.dumps(config, indent=2) + "\n")
         rep["asset_bytes"] = (dirs[name] / "model.safetensors").stat().st_size
         rep["history"] = rep["history"][-20:]
         rep["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
