@@ -132,7 +132,9 @@ def plot(results: dict, levels: list[int], path: Path) -> None:
         rows = {"none": results["none"], **results["drafters"][drafter]}
         for name, runs in rows.items():
             by = {lv["concurrency"]: lv["output_throughput"] for lv in runs}
-            style = dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1, ls="--" if name == "none" else "-")
+            style = (
+                dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1, ls="--" if name == "none" else "-")
+            )
             ax.plot(levels, [by[c] for c in levels], marker="o", label=name, **style)
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(c) for c in levels])
@@ -177,7 +179,11 @@ def main() -> int:
     analysis = analyse(results, levels)
     print(table(results, analysis, levels))
     data = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": sys.version.split()[0]},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "python": sys.version.split()[0],
+        },
         "config": {"levels": levels, "output_len": args.output_len, "static": static, "adaptive": ADAPTIVE},
         "minutes": round((time.monotonic() - started) / 60, 1),
         "results": results,

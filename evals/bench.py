@@ -311,7 +311,8 @@ def table(levels: list[dict], baseline: list[dict] | None) -> str:
         if lv.get("adaptive_widths"):
             total = sum(lv["adaptive_widths"].values())
             shares = ", ".join(
-                f"{w}: {100 * n / total:.0f}%" for w, n in sorted(lv["adaptive_widths"].items(), key=lambda x: int(x[0]))
+                f"{w}: {100 * n / total:.0f}%"
+                for w, n in sorted(lv["adaptive_widths"].items(), key=lambda x: int(x[0]))
             )
             lines.append(f"adaptive widths @ concurrency {lv['concurrency']}: chosen {lv['chosen_width']} ({shares})")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """The plugin's own server options and switches (a leaf module: imports nothing of the plugin).
 
 ``--speculative-dflash-tree-budget N`` (added to SGLang's parser by ``flags.py``) switches DFLASH to DDTree draft
-trees; ``--speculative-kimi-adaptive`` chooses the draft width of every step from measured acceptance and cost. SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
+trees; ``--speculative-kimi-adaptive`` chooses the draft width of every step from measured acceptance and cost.
+SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
 (``server_args._sglang_kimi``, pickled into every subprocess like SGLang's own ``_launch_command``).
 """
 

@@ -71,7 +71,11 @@ def _check_adaptive(cfg, algorithm: str | None, args) -> None:
     from sglang_kimi.adaptive.config import load_adaptive_config
 
     if not args.adaptive:
-        given = [f for f, v in ((ADAPTIVE_CONFIG_FLAG, args.adaptive_config), (ADAPTIVE_PROFILE_FLAG, args.adaptive_profile)) if v]
+        given = [
+            f
+            for f, v in ((ADAPTIVE_CONFIG_FLAG, args.adaptive_config), (ADAPTIVE_PROFILE_FLAG, args.adaptive_profile))
+            if v
+        ]
         raise SpeculativeConfigError(f"{' and '.join(given)} only apply with {ADAPTIVE_FLAG}: add it, or drop them")
     if algorithm != "DFLASH":
         raise SpeculativeConfigError(

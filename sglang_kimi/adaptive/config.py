@@ -36,7 +36,11 @@ class AdaptiveConfig:
 
 
 def _int_list(name: str, value, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         raise AdaptiveConfigError(f"{where}: {name!r} must be a non-empty list of integers, got {value!r}")
     return tuple(value)
 
@@ -49,7 +53,9 @@ def load_adaptive_config(path: str | None) -> AdaptiveConfig:
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as e:
-        raise AdaptiveConfigError(f"{where}: cannot read the file ({e.strerror or e}); pass a readable JSON file") from e
+        raise AdaptiveConfigError(
+            f"{where}: cannot read the file ({e.strerror or e}); pass a readable JSON file"
+        ) from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AdaptiveConfigError(f"{where}: not valid JSON ({e}); see docs/adaptive.md for the format") from e
     if not isinstance(raw, dict):
@@ -57,7 +63,9 @@ def load_adaptive_config(path: str | None) -> AdaptiveConfig:
     known = {f.name for f in fields(AdaptiveConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise AdaptiveConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise AdaptiveConfigError(
+            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     values = {}
     for name in ("widths", "buckets"):
         if name in raw:

@@ -108,8 +108,12 @@ def write_profile(path: Path, key: Mapping, table: Mapping[int, Mapping[int, flo
         tmp.write_text(json.dumps(data, indent=1) + "\n")
         tmp.replace(path)
     except OSError as e:
-        logger.warning("sglang-kimi adaptive: cannot write the cost profile to %s (%s); it will be measured again "
-                       "at the next start", path, e)
+        logger.warning(
+            "sglang-kimi adaptive: cannot write the cost profile to %s (%s); it will be measured again "
+            "at the next start",
+            path,
+            e,
+        )
 
 
 def measure_profile(

@@ -87,8 +87,8 @@ class AdaptiveRuntime:
             state = self.policy.state[bucket]
             seconds = self.policy.costs.seconds(bucket, state.width)
             logger.info(
-                "sglang-kimi adaptive %s: batch bucket <= %d now runs width %d (expected %.2f tokens/step, %.2f ms/step; "
-                "switch %d)",
+                "sglang-kimi adaptive %s: batch bucket <= %d now runs width %d "
+                "(expected %.2f tokens/step, %.2f ms/step; switch %d)",
                 self.label,
                 bucket,
                 state.width,
@@ -165,10 +165,14 @@ def _prometheus_metrics() -> dict:
     return {
         "width": gauge("width", "Draft width the policy runs for this batch bucket (0 = no speculation).", ["bucket"]),
         "expected": gauge(
-            "expected_tokens_per_step", "Committed tokens per request per step expected at the chosen width.", ["bucket"]
+            "expected_tokens_per_step",
+            "Committed tokens per request per step expected at the chosen width.",
+            ["bucket"],
         ),
         "realised": gauge(
-            "realised_tokens_per_step", "Committed tokens per request per step observed at the chosen width.", ["bucket"]
+            "realised_tokens_per_step",
+            "Committed tokens per request per step observed at the chosen width.",
+            ["bucket"],
         ),
         "seconds": gauge("step_seconds", "Cost table: seconds per speculative step.", ["bucket", "width"]),
         "acceptance": gauge(

@@ -179,7 +179,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
             draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
             depth = min(width, block - 1)  # draft positions the step can use
             k = 1 if self.tree_budget is None else width
-            ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
+            ranked_lp, ranked_ids = self._ranked_draft_logprobs(
+                draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k
+            )
             ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
             ranked_ids = ranked_ids.view(bs, depth, -1)
             ranked_lp = self._blind_nonfinite_drafts(ranked_lp)

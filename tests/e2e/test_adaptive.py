@@ -1,16 +1,17 @@
 """Adaptive speculation (``--speculative-kimi-adaptive``) served for real on CPU: the width changes, the output
 does not.
 
-The policy is forced to switch often (one step in two explores a neighbouring width, no hysteresis), so a request
-runs many widths, 0 (no draft) included, in both DFLASH chain and DFLASH tree mode:
+The policy is forced to switch often (one step in two explores another width, no hysteresis), so a request runs
+many widths, 0 (no draft) included. DFLASH chains here, DFLASH trees in ``test_tensor_parallel.py`` (adaptive at
+TP 2: greedy equal to TP 1, sampled tokens exact samples of the target):
 - greedy: every token equals the non-speculative server's at concurrency 1 and 8, and the log-probabilities the
   server reports for them (from verify windows of changing widths) equal transformers';
-- sampled (temperature 1, top-p 0.9), tree mode: every token is an exact sample of the target (the same PIT test as
+- sampled (temperature 1, top-p 0.9): every token is an exact sample of the target (the PIT test of
   ``test_cpu_spec_decoding.py``);
 - the switches are real: ``/server_info`` counts steps at several widths, each change of a bucket's width is one log
   line, and Prometheus carries the chosen widths;
 - the cost profile: a file made for another setup is logged as such and replaced by a fresh profile keyed to this
-  server; a second server with the same setup reuses it without profiling.
+  server (reuse on a restart: ``tests/unit/test_adaptive_serving.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.e2e
 NUM_PROMPTS = 6
 FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8]}
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
-MODES = {"chain": [], "tree": ["--speculative-dflash-tree-budget", "16"]}
+MODES = {"chain": []}
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +93,6 @@ def chain_server(tmp_path_factory, files):
     _stop(server)
 
 
-@pytest.fixture(scope="module")
-def tree_server(tmp_path_factory, files):
-    server = _start("tree", tmp_path_factory, files)
-    yield server
-    _stop(server)
-
-
 def adaptive_state(url: str) -> dict:
     info = requests.get(url + "/server_info", timeout=60).json()
     return info["internal_states"][0]["sglang_kimi"]["adaptive"]
@@ -139,28 +133,14 @@ SAMPLED_REQUESTS = 80
 SAMPLED_TOKENS = 4
 
 
-def test_sampling_follows_the_target_distribution_while_the_width_switches(tree_server, prompts):
-    """Sampled verification of chains and trees is one code path (a chain is a path tree): the tree server checks
-    it."""
-    adaptive_server = tree_server
+def test_sampling_follows_the_target_distribution_while_the_width_switches(chain_server, prompts):
+    adaptive_server = chain_server
     pvalue, greedy_pvalue, outside = sampled_pit_pvalue(
         adaptive_server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P
     )
-    print(f"sampled adaptive tree: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
+    print(f"sampled adaptive chain: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
     assert outside <= max(1, SAMPLED_REQUESTS * SAMPLED_TOKENS // 100), f"{outside} tokens outside the support"
     assert pvalue > 1e-3, f"sampled tokens do not follow the target distribution (p = {pvalue:.3g})"
     assert greedy_pvalue < 1e-6
     ran = [w for w, n in adaptive_state(adaptive_server.base_url)["steps_by_width"].items() if n]
     assert len(ran) >= 3
-
-
-def test_a_restart_on_the_same_setup_reuses_the_profile(tmp_path_factory, files, chain_server):
-    chain_server.stop()  # its profile file is written; one server fewer on two cores
-    server = launch(tmp_path_factory, "adaptive-restart", adaptive_args("chain", files))
-    try:
-        state = adaptive_state(server.base_url)
-        log = server.log_path.read_text()
-    finally:
-        server.stop()
-    assert state["profile"]["measured_at_start"] is False
-    assert "reusing the cost profile" in log and "profiled batch" not in log

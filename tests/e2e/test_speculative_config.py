@@ -78,7 +78,11 @@ def _write(path, text):
 
 
 def adaptive(config=None, *extra):
-    return ["--speculative-kimi-adaptive", *(["--speculative-kimi-adaptive-config", str(config)] if config else []), *extra]
+    return [
+        "--speculative-kimi-adaptive",
+        *(["--speculative-kimi-adaptive-config", str(config)] if config else []),
+        *extra,
+    ]
 
 
 def dflash(path, *extra, backend="kimi_cpu"):
@@ -171,8 +175,16 @@ def cases(d):
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
         # adaptive speculation: what it cannot drive, and settings files it cannot use
         (
-            eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                   "--speculative-num-draft-tokens", "4", *adaptive()),
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+                *adaptive(),
+            ),
             ["--speculative-kimi-adaptive drives DFLASH", "EAGLE3", "--speculative-adaptive"],
         ),  # fmt: skip
         (dflash(d["dflash"], *adaptive(), "--speculative-adaptive"), ["drop --speculative-adaptive"]),

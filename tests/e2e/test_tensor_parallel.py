@@ -1,8 +1,14 @@
 """Tensor parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``), and
 the greedy output of autoregressive decoding, DFLASH chains, DFLASH trees (the worker's cross-rank top-K merge) and
-EAGLE3 trees at TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution."""
+EAGLE3 trees at TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
+
+The DFLASH tree server is adaptive (``--speculative-kimi-adaptive``, tree budgets 0..16) with a policy forced to
+switch widths every other step: both ranks must run rank 0's width at every step (their timings differ), and the
+output must not depend on which widths ran."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, sampled_pit_pvalue
@@ -17,7 +23,7 @@ DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
 CONFIGS = {
     "autoregressive": [],
     "dflash-chain": DFLASH,
-    "dflash-tree": DFLASH + ["--speculative-dflash-tree-budget", "16"],
+    "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
     "eagle3-tree": [
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
@@ -33,7 +39,13 @@ def tp1_outputs(tiny_server):
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def tp2_server(request, tmp_path_factory):
-    server = launch(tmp_path_factory, f"tp2_{request.param}", KIMI_CPU + TP2 + CONFIGS[request.param])
+    args = KIMI_CPU + TP2 + CONFIGS[request.param]
+    if "--speculative-kimi-adaptive" in args:
+        root = tmp_path_factory.mktemp("tp2_adaptive")
+        (root / "policy.json").write_text(json.dumps({"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 2]}))
+        args += ["--speculative-kimi-adaptive-config", str(root / "policy.json"),
+                 "--speculative-kimi-adaptive-profile", str(root / "profile.json")]  # fmt: skip
+    server = launch(tmp_path_factory, f"tp2_{request.param}", args)
     server.config = request.param
     yield server
     server.stop()
@@ -46,10 +58,12 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         assert got == ref, f"{tp2_server.config} at TP 2: prompt {i} differs from TP 1"
     state = fetch_plugin_state(tp2_server.base_url)
     assert state["failed"] == [], state
-    if tp2_server.config == "dflash-tree":
+    if tp2_server.config == "dflash-tree-adaptive":
         metrics = state["spec_metrics"]
-        print(f"DFLASH tree at TP 2: tau {metrics['tau']:.2f}")
-        assert metrics["tau"] > 2, "the TP-merged drafts should still be accepted"
+        ran = {w: n for w, n in state["adaptive"]["steps_by_width"].items() if n}
+        print(f"adaptive DFLASH tree at TP 2: tau {metrics['tau']:.2f}, steps by width {ran}")
+        assert len(ran) >= 3, f"the forced policy ran too few widths: {ran}"
+        assert metrics["tau"] > 1.5, "the TP-merged drafts should still be accepted"
         pvalue, greedy_pvalue, outside = sampled_pit_pvalue(tp2_server.base_url, prompts[0], 80, 4, 0.9)
         print(f"sampled DFLASH tree at TP 2: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6

@@ -181,7 +181,9 @@ def test_runtime_learns_from_the_steps_and_logs_each_change_once(caplog):
     changes = [r for r in caplog.records if "now runs width" in r.getMessage()]
     assert len(changes) == switches >= 1
     assert sum(snap["steps_by_width"].values()) == 600
-    assert snap["acceptance"][:2] == [pytest.approx(1.0, abs=0.02)] * 2 and snap["acceptance"][2] < 0.25  # rarely tried: the prior still shows
+    assert (
+        snap["acceptance"][:2] == [pytest.approx(1.0, abs=0.02)] * 2 and snap["acceptance"][2] < 0.25
+    )  # rarely tried: the prior still shows
     assert snap["costs"][1][2] == pytest.approx(cost(1, 2), rel=0.01)  # refined from the profile's 0.5x
 
 
