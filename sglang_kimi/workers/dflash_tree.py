@@ -175,7 +175,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         if width == 0:
             tree = build_chain(root, root.new_empty((bs, 0)))
         else:
-            draft_plan = kv_loc_plan if window == block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
+            # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
+            draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
             draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
             depth = min(width, block - 1)  # draft positions the step can use
             k = 1 if self.tree_budget is None else width
