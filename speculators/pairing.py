@@ -435,14 +435,15 @@ def pairing_warnings(
     drafter_release, target_release = kimi_release(declared), kimi_release(target)
     if drafter_release and target_release and drafter_release != target_release:
         advice = (
-            f"with --speculative-num-draft-tokens {num_draft_tokens} expect a net slowdown; "
+            f"With --speculative-num-draft-tokens {num_draft_tokens} expect a net slowdown. "
             if num_draft_tokens and num_draft_tokens > 3
             else ""
         )
         warnings.append(
             f"the drafter was trained for Kimi-{drafter_release} ({declared}, from its {source}) but the target is "
             f"Kimi-{target_release} ({target}): drafts carry over poorly between releases; {K25_ON_K26_FINDING}. "
-            f"{advice}Use a drafter trained for Kimi-{target_release}, or lower --speculative-num-draft-tokens to 2."
+            f"{advice}Use a drafter trained for Kimi-{target_release}, lower --speculative-num-draft-tokens to 2, or "
+            "let --speculative-kimi-adaptive choose the width per batch from the measured acceptance."
         )
     trained_on = quantization_in_name(declared) or ("int4" if drafter_release in ("K2.5", "K2.6") else None)
     served = served_quantization(target_config)
