@@ -101,9 +101,11 @@ class ChainAcceptance:
 class TreeAcceptance:
     """Committed tokens per step for each candidate width (tree budgets), decayed, shared by every bucket.
 
-    A width never observed is estimated from its nearest observed smaller width (tau does not fall as the budget
-    grows) plus ``optimism`` tokens, so that exploration tries it; before any observation every width is
-    ``1 + optimism``.
+    A larger budget never commits fewer tokens in expectation, so the per-width means are pooled into a
+    non-decreasing curve (weighted isotonic regression, pool-adjacent-violators): a width whose few samples were
+    unlucky borrows from its neighbours instead of losing to a smaller width on noise. A width never observed is
+    estimated from the pooled value of its nearest observed smaller width plus ``optimism`` tokens, so that
+    exploration tries it; before any observation every width is ``1 + optimism``.
     """
 
     def __init__(self, widths: Sequence[int], decay: float = 0.995, optimism: float = 0.5):
@@ -118,18 +120,32 @@ class TreeAcceptance:
         for a in accepted:
             self.tau[width].add(1.0 + int(a), self.decay)
 
+    def pooled(self) -> dict[int, float]:
+        """The observed widths' means, made non-decreasing in the width (weights: the decayed sample counts)."""
+        blocks: list[list] = []  # [mean, weight, widths]
+        for w in self.widths:
+            cell = self.tau[w]
+            if cell.mean() is None:
+                continue
+            blocks.append([cell.mean(), cell.weight, [w]])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (m2, w2, ws2), (m1, w1, ws1) = blocks.pop(), blocks.pop()
+                blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, ws1 + ws2])
+        return {w: mean for mean, _, ws in blocks for w in ws}
+
     def expected_tokens(self, width: int) -> float:
         if width <= 0:
             return 1.0
-        known = self.tau.get(width)
-        if known is not None and known.mean() is not None:
-            return known.mean()
-        below = [w for w in self.widths if w < width and self.tau[w].mean() is not None]
-        base = self.tau[below[-1]].mean() if below else 1.0
+        pooled = self.pooled()
+        if width in pooled:
+            return pooled[width]
+        below = [w for w in pooled if w < width]
+        base = pooled[max(below)] if below else 1.0
         return base + self.optimism
 
     def snapshot(self) -> dict[int, float | None]:
-        return {w: (round(t.mean(), 4) if t.mean() is not None else None) for w, t in self.tau.items()}
+        pooled = self.pooled()
+        return {w: (round(pooled[w], 4) if w in pooled else None) for w in self.widths}
 
 
 class CostTable:

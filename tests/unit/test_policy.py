@@ -190,3 +190,15 @@ def test_a_far_width_with_a_stale_estimate_is_revisited_and_recovered():
         accepted = next((d for d in range(width) if rng.random() > 0.9), width)  # 90% per position
         policy.observe(1, width, [accepted], true_cost[width])
     assert policy.state[1].width >= 5
+
+
+def test_tree_estimates_are_pooled_into_a_non_decreasing_curve():
+    acceptance = TreeAcceptance([1, 4, 16], decay=1.0)
+    acceptance.observe(4, [3, 3, 3])  # width 4: mean 4 tokens over 3 samples
+    acceptance.observe(16, [1])  # width 16: one unlucky sample (2 tokens)
+    assert acceptance.expected_tokens(4) == pytest.approx(3.5)  # (4 * 3 + 2 * 1) / 4
+    assert acceptance.expected_tokens(16) == pytest.approx(3.5)
+    assert acceptance.expected_tokens(1) == pytest.approx(1.5)  # unobserved, nothing below: 1 + optimism
+    acceptance.observe(16, [7, 7, 7, 7])
+    assert acceptance.expected_tokens(4) == pytest.approx(4.0)
+    assert acceptance.expected_tokens(16) == pytest.approx((2 + 4 * 8) / 5)
