@@ -65,9 +65,9 @@ def _sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:
     return Version(sglang_version).release[:3] >= release, sglang_version
 
 
-def _check_adaptive(cfg, algorithm: str | None, args) -> None:
+def _check_adaptive(cfg, algorithm: str | None, args):
     """What ``--speculative-kimi-adaptive`` can drive: DFLASH chains and trees (the plugin's worker, so the same
-    needs as trees), not SGLang's own adaptive switch on top; its settings file is read here."""
+    needs as trees), not SGLang's own adaptive switch on top. Returns its settings (``adaptive/config.py``)."""
     from sglang_kimi.adaptive.config import load_adaptive_config
 
     if not args.adaptive:
@@ -87,29 +87,14 @@ def _check_adaptive(cfg, algorithm: str | None, args) -> None:
             f"SGLang's --speculative-adaptive does not drive DFLASH (it tunes EAGLE steps); with {ADAPTIVE_FLAG} "
             "the plugin chooses the widths: drop --speculative-adaptive"
         )
-    for flag, backend in _backends(cfg):
-        if backend is not None and backend not in TREE_MASK_BACKENDS:
-            raise SpeculativeConfigError(
-                f"{ADAPTIVE_FLAG} verifies every width through the plugin's tree verify, which needs an attention "
-                f"backend that applies tree masks to MLA verify, but {flag} is {backend}: use --attention-backend "
-                f"{' or '.join(TREE_MASK_BACKENDS)}"
-            )
-    if cfg.page_size not in (None, 1):
-        raise SpeculativeConfigError(f"{ADAPTIVE_FLAG} needs --page-size 1 (got {cfg.page_size})")
-    ok, version = _sglang_at_least((0, 5, 22))
-    if not ok:
-        raise SpeculativeConfigError(
-            f"{ADAPTIVE_FLAG} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
-            f"SGLang is {version}: upgrade SGLang, or drop the flag"
-        )
-    load_adaptive_config(args.adaptive_config)
+    _check_tree_verify(cfg, ADAPTIVE_FLAG, "drop the flag")
+    return load_adaptive_config(args.adaptive_config)
 
 
-def _resolve_adaptive(server_args, cfg, args, drafter) -> None:
+def _resolve_adaptive(server_args, cfg, args, drafter, config) -> None:
     """The candidate widths: chain drafts 0..block-1 or tree budgets up to the budget (or the configured ones)."""
-    from sglang_kimi.adaptive.config import default_tree_widths, load_adaptive_config, resolve_widths
+    from sglang_kimi.adaptive.config import default_tree_widths, resolve_widths
 
-    config = load_adaptive_config(args.adaptive_config)
     if args.dflash_tree_budget is None:
         block = int(cfg.speculative_num_draft_tokens or drafter.block_size)
         if block < 2:
@@ -123,7 +108,7 @@ def _resolve_adaptive(server_args, cfg, args, drafter) -> None:
     else:
         budget = args.dflash_tree_budget
         widths = resolve_widths(config, budget, f"tree budget ({TREE_BUDGET_FLAG})", default_tree_widths(budget))
-        server_args._sglang_kimi = dataclasses.replace(plugin_args(server_args), adaptive_widths=widths)
+        server_args._sglang_kimi = dataclasses.replace(args, adaptive_widths=widths)
         mode = f"DFLASH trees of up to {budget} nodes"
     logger.info("sglang-kimi: adaptive speculation over %s: candidate widths %s", mode, list(widths))
 
@@ -138,12 +123,6 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
         raise SpeculativeConfigError(
             f"{TREE_BUDGET_FLAG} {budget} is outside 1..{MAX_TREE_BUDGET}: pick a node budget in that range"
         )
-    ok, sglang_version = _sglang_at_least((0, 5, 22))
-    if not ok:  # the DDTree worker places its KV through KVLocPlan
-        raise SpeculativeConfigError(
-            f"{TREE_BUDGET_FLAG} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
-            f"SGLang is {sglang_version}: upgrade SGLang, or drop the flag for DFLASH chains"
-        )
 
 
 def _backends(cfg) -> list[tuple[str, str | None]]:
@@ -154,17 +133,26 @@ def _backends(cfg) -> list[tuple[str, str | None]]:
     ]
 
 
-def _check_tree_backend(cfg) -> None:
+def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
+    """What the plugin's DFLASH tree worker needs, for draft trees and for adaptive widths (every width is verified
+    as a tree): tree masks in the attention backends, page size 1, and SGLang's KVLocPlan."""
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in TREE_MASK_BACKENDS:
             raise SpeculativeConfigError(
-                f"DFLASH draft trees need an attention backend that applies tree masks to MLA verify, but "
-                f"{flag} is {backend}: use --attention-backend {' or '.join(TREE_MASK_BACKENDS)}"
+                f"{flag_name} verifies DFLASH drafts as trees, which needs an attention backend that applies tree "
+                f"masks to MLA verify, but {flag} is {backend}: use --attention-backend "
+                f"{' or '.join(TREE_MASK_BACKENDS)}"
             )
     if cfg.page_size not in (None, 1):
         raise SpeculativeConfigError(
-            f"DFLASH draft trees commit the accepted path by reordering KV slots, which needs --page-size 1 "
+            f"{flag_name} commits the accepted path by reordering KV slots, which needs --page-size 1 "
             f"(got {cfg.page_size})"
+        )
+    ok, sglang_version = _sglang_at_least((0, 5, 22))
+    if not ok:  # the tree worker places its KV through KVLocPlan
+        raise SpeculativeConfigError(
+            f"{flag_name} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "
+            f"SGLang is {sglang_version}: upgrade SGLang, or {drop}"
         )
 
 
@@ -213,9 +201,10 @@ def _resolve_speculative(original, server_args):
         _check_cpu_backend(cfg, algorithm)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
-        _check_tree_backend(cfg)
+        _check_tree_verify(cfg, TREE_BUDGET_FLAG, "drop the flag for DFLASH chains")
+    adaptive = None
     if args.adaptive or args.adaptive_config or args.adaptive_profile:
-        _check_adaptive(cfg, algorithm, args)
+        adaptive = _check_adaptive(cfg, algorithm, args)
     if algorithm is not None and debug_greedy_verify():
         logger.warning(
             "sglang-kimi: %s=1: sampled requests are verified GREEDILY (debugging only; output is not lossless)",
@@ -241,7 +230,7 @@ def _resolve_speculative(original, server_args):
             window,
         )
     if args.adaptive:
-        _resolve_adaptive(server_args, resolving_view(server_args), plugin_args(server_args), drafter)
+        _resolve_adaptive(server_args, resolving_view(server_args), plugin_args(server_args), drafter, adaptive)
 
 
 def install_validation(target: str):
