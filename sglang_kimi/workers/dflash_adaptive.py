@@ -1,9 +1,10 @@
 """Adaptive DFLASH: the policy, its start-up cost profile and its runtime for :class:`DFlashTreeWorker`.
 
 The profile times the two forwards a step of width w runs, on dummy inputs before any request arrives (like
-SGLang's CUDA-graph capture: request row 0, KV writes to the reserved padding slot 0): the drafter's block with its
-LM-head ranking and tree build (w > 0 only), and the target's verify over w + 1 tokens per request, for every batch
-bucket and width. The step's own timings then refine the table online (``speculators/policy.py``).
+SGLang's CUDA-graph capture: request row 0, KV writes to the reserved padding slot 0): the step's own draft
+(``DFlashTreeWorker._draft_tree``: the drafter's block, its LM-head ranking and the chain or tree; w > 0 only),
+and the target's verify over w + 1 tokens per request, for every batch bucket and width. The step's own timings
+then refine the table online (``speculators/policy.py``).
 
 On a GPU every verify width runs eagerly here (SGLang's verify CUDA graph is captured for the widest window only
 and is skipped for a narrower one); per-width graphs, like SGLang's adaptive EAGLE tiers, are a separate runner per
@@ -129,12 +130,7 @@ def profile_step(worker, batch_size: int, width: int, repeats: int) -> float:
 
     def one_step():
         if width > 0:
-            hidden = worker._draft_block(batch, root, prefix, prefix_cpu, plan(block))
-            depth = min(width, block - 1)
-            k = 1 if worker.tree_budget is None else width
-            lp, ids = worker._ranked_draft_logprobs(hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
-            if worker.tree_budget is not None:
-                worker._build_tree(root, lp.view(bs, depth, -1), ids.view(bs, depth, -1), width)
+            worker._draft_tree(batch, root, prefix, prefix_cpu, plan(block), width)
         host = prefix_cpu + window
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,

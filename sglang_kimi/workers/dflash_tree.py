@@ -177,19 +177,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         else:
             # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
             draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
-            draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
-            depth = min(width, block - 1)  # draft positions the step can use
-            k = 1 if self.tree_budget is None else width
-            ranked_lp, ranked_ids = self._ranked_draft_logprobs(
-                draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k
-            )
-            ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
-            ranked_ids = ranked_ids.view(bs, depth, -1)
-            ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
-            if self.tree_budget is None:
-                tree = build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
-            else:
-                tree = self._build_tree(root, ranked_lp, ranked_ids, width)
+            tree = self._draft_tree(batch, root, prefix_lens, seq_lens_cpu, draft_plan, width)
 
         # 2) The tree (or chain), padded to the window.
         tree = pad_tree(tree, window)
@@ -288,6 +276,21 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
 
     # ------------------------------------------------------------------------------------------------------------
+
+    def _draft_tree(self, batch, root, prefix_lens, seq_lens_cpu, draft_plan, width: int) -> DraftTree:
+        """The step's draft of width >= 1: the drafter's block, ranked by the target's LM head, as a chain of the
+        argmax drafts (chain mode) or a DDTree of ``width`` nodes."""
+        bs, block = root.shape[0], self.block_size
+        draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
+        depth = min(width, block - 1)  # draft positions the step can use
+        k = 1 if self.tree_budget is None else width
+        ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
+        ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
+        ranked_ids = ranked_ids.view(bs, depth, -1)
+        ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+        if self.tree_budget is None:
+            return build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
+        return self._build_tree(root, ranked_lp, ranked_ids, width)
 
     def _plan(self, batch, seq_lens_cpu, slots: torch.Tensor):
         """The KV plan of a forward writing ``slots`` [bs, n] from the committed prefix on."""
