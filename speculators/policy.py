@@ -113,15 +113,22 @@ class TreeAcceptance:
         self.decay = decay
         self.optimism = optimism
         self.tau = {w: Decayed() for w in self.widths}
+        self._pooled: dict[int, float] | None = None  # pooled() until the next observation
 
     def observe(self, width: int, accepted: Sequence[int]) -> None:
         if width not in self.tau:
             return
         for a in accepted:
             self.tau[width].add(1.0 + int(a), self.decay)
+        self._pooled = None
 
     def pooled(self) -> dict[int, float]:
         """The observed widths' means, made non-decreasing in the width (weights: the decayed sample counts)."""
+        if self._pooled is None:
+            self._pooled = self._pool()
+        return self._pooled
+
+    def _pool(self) -> dict[int, float]:
         blocks: list[list] = []  # [mean, weight, widths]
         for w in self.widths:
             cell = self.tau[w]

@@ -20,7 +20,7 @@ from sglang_kimi.speculators.policy import WidthPolicy
 
 logger = logging.getLogger("sglang_kimi")
 
-GAUGE_EVERY = 16  # steps between Prometheus gauge updates (and at every change of width)
+GAUGE_EVERY = 16  # folded-in steps between Prometheus gauge updates (and at every change of width)
 
 
 class _Clock:
@@ -112,11 +112,14 @@ class AdaptiveRuntime:
             self.drain()
 
     def drain(self) -> None:
+        drained = False
         while self._pending and self.clock.ready(self._pending[0][1]):
             start, end, batch_size, width, accepted = self._pending.popleft()
             with self._lock:
                 self.policy.observe(batch_size, width, accepted.tolist(), self.clock.seconds(start, end))
-        self._update_gauges()
+            drained = True
+        if drained:
+            self._update_gauges()
 
     # -- reporting ---------------------------------------------------------------------------------------------
 
