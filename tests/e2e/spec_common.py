@@ -74,6 +74,13 @@ def generate_all(url: str, prompts, concurrency: int, **kwargs) -> list[dict]:
         return list(pool.map(lambda p: generate(url, p, **kwargs), prompts))
 
 
+def greedy_reference(url: str, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """The greedy tokens a (non-speculative) server gives every prompt, one request at a time, and transformers'
+    log-probabilities of them."""
+    outputs = [o["output_ids"] for o in generate_all(url, prompts, 1)]
+    return outputs, hf_logprobs(prompts, outputs)
+
+
 def spec_metrics(url: str) -> dict:
     """The plugin's per-position acceptance counters from ``/server_info``."""
     info = requests.get(url + "/server_info", timeout=60).json()

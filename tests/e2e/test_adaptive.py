@@ -25,9 +25,8 @@ from spec_common import (
     KIMI_CPU,
     TRAINED_DFLASH,
     check_greedy_parity,
-    generate_all,
+    greedy_reference,
     gsm8k_prompts,
-    hf_logprobs,
     sampled_pit_pvalue,
 )
 from support.servers import launch
@@ -39,7 +38,9 @@ pytestmark = pytest.mark.e2e
 NUM_PROMPTS = 6
 FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8]}
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
-MODES = {"chain": []}
+# a profile left by another setup (another GPU, TP 8): must be reported and replaced, never used
+STALE_PROFILE = {"format": "sglang-kimi-cost-profile/1", "key": {"device": "cuda:NVIDIA H200", "tp_size": 8},
+                 "created": "2026-01-01T00:00:00Z", "seconds": {"1": {"0": 1e-9}}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,48 +50,23 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(tiny_server, prompts):
-    outputs = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1)]
-    return outputs, hf_logprobs(prompts, outputs)
+    return greedy_reference(tiny_server.base_url, prompts)
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def adaptive_server(tmp_path_factory):
+    """Adaptive DFLASH chains with the forced-switching policy, started over a stale profile file."""
     root = tmp_path_factory.mktemp("adaptive")
-    config = root / "policy.json"
-    config.write_text(json.dumps(FORCED_SWITCHING))
-    return root, config
-
-
-def adaptive_args(mode: str, files) -> list[str]:
-    root, config = files
-    return KIMI_CPU + ["--enable-metrics"] + DFLASH + MODES[mode] + [
+    (root / "policy.json").write_text(json.dumps(FORCED_SWITCHING))
+    (root / "profile.json").write_text(json.dumps(STALE_PROFILE))
+    server = launch(tmp_path_factory, "adaptive-chain", KIMI_CPU + ["--enable-metrics"] + DFLASH + [
         "--speculative-kimi-adaptive",
-        "--speculative-kimi-adaptive-config", str(config),
-        "--speculative-kimi-adaptive-profile", str(root / f"profile-{mode}.json"),
-    ]  # fmt: skip
-
-
-def _start(mode: str, tmp_path_factory, files):
-    root, _ = files
-    # a profile left by another setup (another GPU, TP 8): must be reported and replaced, never used
-    stale = {"format": "sglang-kimi-cost-profile/1", "key": {"device": "cuda:NVIDIA H200", "tp_size": 8},
-             "created": "2026-01-01T00:00:00Z", "seconds": {"1": {"0": 1e-9}}}  # fmt: skip
-    (root / f"profile-{mode}.json").write_text(json.dumps(stale))
-    server = launch(tmp_path_factory, f"adaptive-{mode}", adaptive_args(mode, files))
-    server.mode = mode
-    return server
-
-
-def _stop(server):
+        "--speculative-kimi-adaptive-config", str(root / "policy.json"),
+        "--speculative-kimi-adaptive-profile", str(root / "profile.json"),
+    ])  # fmt: skip
+    yield server
     server.stop()
     assert not group_alive(server.pgid), "the server left processes behind"
-
-
-@pytest.fixture(scope="module")
-def chain_server(tmp_path_factory, files):
-    server = _start("chain", tmp_path_factory, files)
-    yield server
-    _stop(server)
 
 
 def adaptive_state(url: str) -> dict:
@@ -98,14 +74,12 @@ def adaptive_state(url: str) -> dict:
     return info["internal_states"][0]["sglang_kimi"]["adaptive"]
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_greedy_output_is_unchanged_while_the_width_switches(request, mode, prompts, reference):
-    adaptive_server = request.getfixturevalue(f"{mode}_server")
+def test_greedy_output_is_unchanged_while_the_width_switches(adaptive_server, prompts, reference):
     url = adaptive_server.base_url
     outputs, logprobs = reference
     for concurrency in (1, 8):
         stats = check_greedy_parity(url, prompts, outputs, logprobs, concurrency)
-        print(adaptive_server.mode, concurrency, stats)
+        print(concurrency, stats)
 
     state = adaptive_state(url)
     print(json.dumps(state)[:2000])
@@ -133,8 +107,7 @@ SAMPLED_REQUESTS = 80
 SAMPLED_TOKENS = 4
 
 
-def test_sampling_follows_the_target_distribution_while_the_width_switches(chain_server, prompts):
-    adaptive_server = chain_server
+def test_sampling_follows_the_target_distribution_while_the_width_switches(adaptive_server, prompts):
     pvalue, greedy_pvalue, outside = sampled_pit_pvalue(
         adaptive_server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P
     )

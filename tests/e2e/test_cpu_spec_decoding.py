@@ -28,8 +28,8 @@ from spec_common import (
     TRAINED_EAGLE3,
     check_greedy_parity,
     generate_all,
+    greedy_reference,
     gsm8k_prompts,
-    hf_logprobs,
     reference_tau,
     sampled_pit_pvalue,
     spec_metrics,
@@ -97,9 +97,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(tiny_server, prompts):
-    """The non-speculative server's greedy tokens for every prompt and transformers' log-probabilities of them."""
-    outputs = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1)]
-    return outputs, hf_logprobs(prompts, outputs)
+    return greedy_reference(tiny_server.base_url, prompts)
 
 
 _reference_taus: dict[str, float] = {}

@@ -217,59 +217,37 @@ def cases(d):
     ]
 
 
-def test_each_bad_setting_is_one_clear_error(drafters):
-    table = cases(drafters)
-    argvs = [["--model-path", str(TINY_MODEL), *CPU_ARGS, *argv] for argv, _ in table]
+def resolve_all(settings: list[list[str]]) -> list[str | None]:
+    """SGLang's argument resolution of every setting (on the tiny model, CPU) in one subprocess with the plugin
+    loaded: None where it resolves, else the error."""
+    argvs = [["--model-path", str(TINY_MODEL), *CPU_ARGS, *argv] for argv in settings]
     env, _ = sglang_env(cpu=True)
     out = subprocess.run(
         [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
     )
     line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
     assert line, out.stderr[-3000:]
-    outcomes = json.loads(line[0][len("OUTCOMES=") :])
+    return json.loads(line[0][len("OUTCOMES=") :])
+
+
+def test_each_bad_setting_is_one_clear_error(drafters):
+    table = cases(drafters)
+    outcomes = resolve_all([argv for argv, _ in table])
     for (argv, words), outcome in zip(table, outcomes):
         assert outcome is not None, f"accepted: {argv}"
         assert all(w in outcome for w in words), f"{argv}\n-> {outcome}"
 
 
 def test_good_settings_resolve(drafters):
-    argvs = [
-        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"])],
-        [
-            "--model-path",
-            str(TINY_MODEL),
-            *CPU_ARGS,
-            *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
-        ],
-        [
-            "--model-path",
-            str(TINY_MODEL),
-            *CPU_ARGS,
-            *eagle3(
-                drafters["eagle3"],
-                "--speculative-num-steps",
-                "3",
-                "--speculative-eagle-topk",
-                "2",
-                "--speculative-num-draft-tokens",
-                "6",
-            ),
-        ],
-        ["--model-path", str(TINY_MODEL), *CPU_ARGS, *dflash(drafters["dflash"], *adaptive(drafters["adaptive"]))],
-        [
-            "--model-path",
-            str(TINY_MODEL),
-            *CPU_ARGS,
-            *dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
-        ],
-    ]
-    env, _ = sglang_env(cpu=True)
-    out = subprocess.run(
-        [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
-    )
-    line = [x for x in out.stdout.splitlines() if x.startswith("OUTCOMES=")]
-    assert line, out.stderr[-3000:]
-    assert json.loads(line[0][len("OUTCOMES=") :]) == [None] * len(argvs)
+    settings = [
+        dflash(drafters["dflash"]),
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
+        eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+               "--speculative-num-draft-tokens", "6"),
+        dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+    ]  # fmt: skip
+    assert resolve_all(settings) == [None] * len(settings)
 
 
 def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
