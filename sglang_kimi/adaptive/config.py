@@ -13,6 +13,7 @@ Every key is optional; an unknown key, a wrong type or a value out of range is a
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -146,3 +147,27 @@ def default_buckets(max_running_requests: int | None, cap: int = 256) -> tuple[i
         buckets.append(b)
         b *= 2
     return tuple(buckets + [limit])
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/sglang-kimi`` (``~/.cache`` when unset): cost profiles and generated settings."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-kimi"
+
+
+def write_eagle_candidate_steps(widths) -> Path:
+    """SGLang's adaptive config (``--speculative-adaptive-config``) holding only the candidate step counts: SGLang
+    builds one runtime state per candidate and sizes its buffers for the widest; the plugin's policy, not this
+    file's slot settings, chooses among them. One file per set of steps, so concurrent servers share it."""
+    steps = sorted(int(w) for w in widths)
+    path = cache_dir() / "adaptive" / f"eagle-candidate-steps-{'-'.join(map(str, steps))}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"1": {"candidate_steps": steps}}) + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        raise AdaptiveConfigError(
+            f"--speculative-kimi-adaptive: cannot write SGLang's adaptive config to {path} ({e.strerror or e}); "
+            "point XDG_CACHE_HOME at a writable directory"
+        ) from e
+    return path

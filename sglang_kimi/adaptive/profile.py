@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from sglang_kimi.adaptive.config import cache_dir
+
 logger = logging.getLogger("sglang_kimi")
 
 FORMAT = "sglang-kimi-cost-profile/1"
@@ -58,7 +60,7 @@ def device_name(device) -> str:
 
 
 def default_profile_path(key: Mapping) -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-kimi" / "cost-profiles"
+    root = cache_dir() / "cost-profiles"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{digest}.json"
 

@@ -105,9 +105,18 @@ class AdaptiveRuntime:
     def start(self):
         return self.clock.mark()
 
+    def end(self):
+        return self.clock.mark()
+
     def finish(self, start, batch_size: int, width: int, accepted: torch.Tensor) -> None:
-        """The step ran ``width`` for ``batch_size`` requests; ``accepted`` [bs] drafts accepted per request."""
-        self._pending.append((start, self.clock.mark(), batch_size, width, accepted.detach()))
+        """The step ran ``width`` for ``batch_size`` requests and ends now; ``accepted`` [bs] drafts accepted per
+        request."""
+        self.record(start, self.clock.mark(), batch_size, width, accepted)
+
+    def record(self, start, end, batch_size: int, width: int, accepted: torch.Tensor) -> None:
+        """A step between the marks ``start`` and ``end`` (``start()`` / ``end()``), whose accepted counts were
+        known only later (SGLang's EAGLE worker: they reach the host in the scheduler's result processing)."""
+        self._pending.append((start, end, batch_size, width, accepted.detach()))
         if not self.clock.cuda:
             self.drain()
 
@@ -184,6 +193,24 @@ def _prometheus_metrics() -> dict:
         "tau": gauge("tokens_per_step_estimate", "Trees: estimated committed tokens per step by budget.", ["width"]),
         "steps": Counter("sglang_kimi:adaptive_steps", "Decode steps run at each draft width.", ["width"]),
     }
+
+
+STEP_TAG = "_sglang_kimi_adaptive_step"  # on a step's result: (runtime, start, end, batch size, width)
+
+
+def tag_step(result, runtime: AdaptiveRuntime, start, batch_size: int, width: int) -> None:
+    """Marks the end of a step whose accepted counts reach the host only with its result (SGLang's EAGLE worker)."""
+    setattr(result, STEP_TAG, (runtime, start, runtime.end(), batch_size, width))
+
+
+def record_tagged_step(result, accepted: torch.Tensor) -> None:
+    """Feeds a tagged step's outcome to its runtime (once); ``accepted`` [bs] drafts accepted per request, every
+    request the step ran (finished ones included: the step's cost was paid for all)."""
+    tag = getattr(result, STEP_TAG, None)
+    if tag is not None:
+        setattr(result, STEP_TAG, None)
+        runtime, start, end, batch_size, width = tag
+        runtime.record(start, end, batch_size, width, accepted)
 
 
 _current: AdaptiveRuntime | None = None
