@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from sglang_kimi.adaptive.runtime import record_tagged_step
 from sglang_kimi.hooks import hook
 
 logger = logging.getLogger("sglang_kimi")
@@ -108,6 +109,8 @@ def max_draft_depth(spec, plugin) -> int:
         return int(plugin.dflash_tree_block) - 1
     if (spec.speculative_eagle_topk or 1) > 1:
         return int(spec.speculative_num_steps)
+    if getattr(spec, "max_speculative_num_draft_tokens", None):  # adaptive: the widest candidate step
+        return max(int(spec.max_speculative_num_draft_tokens), int(spec.speculative_num_draft_tokens)) - 1
     return int(spec.speculative_num_draft_tokens) - 1
 
 
@@ -183,6 +186,7 @@ def _record_step(result_none, reporter, batch, result):
     if result.accept_lens is None or batch.spec_algorithm.is_none():
         return
     accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)  # [bs]
+    record_tagged_step(result, accepted)  # adaptive EAGLE3: the step's outcome for the policy
     live = torch.tensor(
         [not (req.is_retracted or req.finished()) for req in batch.reqs],
         dtype=torch.bool,

@@ -240,6 +240,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "DFLASH with --speculative-dflash-tree-budget runs the DDTree worker (SGLang's DFLASH is chain-only)",
     ),
     Entry(
+        "eagle-adaptive-policy",
+        "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
+        "sglang_kimi.workers.eagle_adaptive:install_policy",
+        "EAGLE3 with --speculative-kimi-adaptive: once SGLang's adaptive runtime built a state per candidate step "
+        "count, profiles the verify and hands SGLang's AdaptiveController the plugin's cost-aware policy (SGLang's "
+        "own follows an EMA of the accept length)",
+    ),
+    Entry(
+        "eagle-adaptive-step-timing",
+        "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+        "sglang_kimi.workers.eagle_adaptive:install_step_timing",
+        "EAGLE3 with --speculative-kimi-adaptive: times each decode step for the policy's cost table",
+    ),
+    Entry(
         "spec-acceptance-metrics",
         "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
         "._resolve_spec_v2_tokens",

@@ -31,6 +31,8 @@ from sglang_kimi.options import (
 
 logger = logging.getLogger("sglang_kimi")
 
+DEFAULT_ADAPTIVE_EAGLE_STEPS = 7  # adaptive EAGLE3 without --speculative-num-steps: 0..7 drafts (SGLang's widest)
+
 
 def _check_draft_path(path: str | None, algorithm: str) -> None:
     if path is None:
@@ -67,7 +69,8 @@ def _sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:
 
 def _check_adaptive(cfg, algorithm: str | None, args):
     """What ``--speculative-kimi-adaptive`` can drive: DFLASH chains and trees (the plugin's worker, so the same
-    needs as trees), not SGLang's own adaptive switch on top. Returns its settings (``adaptive/config.py``)."""
+    needs as trees) and EAGLE3 chains (topk 1, through SGLang's own adaptive runtime). Returns its settings
+    (``adaptive/config.py``)."""
     from sglang_kimi.adaptive.config import load_adaptive_config
 
     if not args.adaptive:
@@ -77,10 +80,13 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             if v
         ]
         raise SpeculativeConfigError(f"{' and '.join(given)} only apply with {ADAPTIVE_FLAG}: add it, or drop them")
+    if algorithm == "EAGLE3":
+        _check_adaptive_eagle(cfg)
+        return load_adaptive_config(args.adaptive_config)
     if algorithm != "DFLASH":
         raise SpeculativeConfigError(
-            f"{ADAPTIVE_FLAG} drives DFLASH chains and DFLASH trees, but --speculative-algorithm is {algorithm}: "
-            "use --speculative-algorithm DFLASH (for EAGLE/EAGLE3 chains use SGLang's own --speculative-adaptive)"
+            f"{ADAPTIVE_FLAG} drives DFLASH chains, DFLASH trees and EAGLE3 chains, but --speculative-algorithm is "
+            f"{algorithm}: use --speculative-algorithm DFLASH or EAGLE3"
         )
     if getattr(cfg, "speculative_adaptive", False):
         raise SpeculativeConfigError(
@@ -89,6 +95,72 @@ def _check_adaptive(cfg, algorithm: str | None, args):
         )
     _check_tree_verify(cfg, ADAPTIVE_FLAG, "drop the flag")
     return load_adaptive_config(args.adaptive_config)
+
+
+def _check_adaptive_eagle(cfg) -> None:
+    """Adaptive EAGLE3 runs SGLang's adaptive runtime (one state per step count, chains only) with the plugin's
+    policy; the candidate steps come from the plugin's settings."""
+    if cfg.speculative_eagle_topk not in (None, 1):
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} with EAGLE3 adapts chains (--speculative-eagle-topk 1): SGLang's adaptive runtime "
+            f"switches step counts of topk-1 chains only, but --speculative-eagle-topk is "
+            f"{cfg.speculative_eagle_topk}: use --speculative-eagle-topk 1, or drop {ADAPTIVE_FLAG} for a static tree"
+        )
+    if cfg.speculative_adaptive_config:
+        raise SpeculativeConfigError(
+            f"--speculative-adaptive-config is SGLang's own policy file; with {ADAPTIVE_FLAG} the plugin writes "
+            f"SGLang's candidate steps itself: drop --speculative-adaptive-config and give the steps as 'widths' in "
+            f"{ADAPTIVE_CONFIG_FLAG}"
+        )
+    steps, tokens = cfg.speculative_num_steps, cfg.speculative_num_draft_tokens
+    if steps is not None and tokens is not None and tokens != steps + 1:
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} with EAGLE3 verifies chains of steps + 1 tokens, but --speculative-num-steps {steps} "
+            f"and --speculative-num-draft-tokens {tokens}: drop --speculative-num-draft-tokens or set it to "
+            f"{steps + 1}"
+        )
+
+
+def _prepare_adaptive_eagle(server_args, cfg, args, config) -> None:
+    """Before SGLang resolves its speculative settings: the candidate steps (0..--speculative-num-steps, default
+    0..7, or the configured widths), written as SGLang's adaptive config, and SGLang's adaptive mode turned on."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+
+    from sglang_kimi.adaptive.config import resolve_widths, write_eagle_candidate_steps
+
+    steps = cfg.speculative_num_steps
+    if steps is None:
+        steps = max(config.widths) if config.widths else DEFAULT_ADAPTIVE_EAGLE_STEPS
+    widths = resolve_widths(config, steps, "EAGLE3 step count (--speculative-num-steps)")
+    if max(widths) == 0:
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG}: the candidate widths {list(widths)} never speculate; add at least one step count > 0"
+        )
+    path = write_eagle_candidate_steps(widths)
+    initial = config.initial_width if config.initial_width is not None else max(widths)
+    declare_resolution(
+        server_args,
+        "sglang_kimi.adaptive_eagle",
+        speculative_adaptive=True,
+        speculative_adaptive_config=str(path),
+        speculative_eagle_topk=1,
+        speculative_num_steps=initial,
+    )
+    reason = adaptive_unsupported_reason(server_args)
+    if reason is not None or not resolving_view(server_args).speculative_adaptive:
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} with EAGLE3 runs SGLang's adaptive runtime, which refuses this server: {reason}; "
+            f"drop {ADAPTIVE_FLAG} or the conflicting option"
+        )
+    server_args._sglang_kimi = dataclasses.replace(args, adaptive_widths=widths)
+    logger.info(
+        "sglang-kimi: adaptive speculation over EAGLE3 chains of up to %d steps: candidate widths %s (SGLang's "
+        "adaptive runtime, the plugin's policy; starting at %d)",
+        max(widths),
+        list(widths),
+        initial,
+    )
 
 
 def _resolve_adaptive(server_args, cfg, args, drafter, config) -> None:
@@ -215,6 +287,9 @@ def _resolve_speculative(original, server_args):
         _check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = _check_pair(cfg, algorithm)
 
+    if args.adaptive and algorithm == "EAGLE3":
+        _prepare_adaptive_eagle(server_args, cfg, args, adaptive)
+
     original(server_args)
 
     if args.dflash_tree_budget is not None:
@@ -229,7 +304,13 @@ def _resolve_speculative(original, server_args):
             block,
             window,
         )
-    if args.adaptive:
+    if args.adaptive and algorithm == "EAGLE3":
+        if not resolving_view(server_args).speculative_adaptive:  # SGLang switched its adaptive mode off
+            raise SpeculativeConfigError(
+                f"{ADAPTIVE_FLAG} with EAGLE3 needs SGLang's adaptive runtime, which this server's settings turned "
+                f"off (see SGLang's warning above): drop {ADAPTIVE_FLAG} or the conflicting option"
+            )
+    elif args.adaptive:
         _resolve_adaptive(server_args, resolving_view(server_args), plugin_args(server_args), drafter, adaptive)
 
 
