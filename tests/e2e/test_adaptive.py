@@ -2,8 +2,9 @@
 does not.
 
 The policy is forced to switch often (one step in two explores another width, no hysteresis), so a request runs
-many widths, 0 (no draft) included. DFLASH chains here, DFLASH trees in ``test_tensor_parallel.py`` (adaptive at
-TP 2: greedy equal to TP 1, sampled tokens exact samples of the target):
+many widths, 0 (no draft) included. DFLASH chains (the plugin's worker) and EAGLE3 chains (SGLang's adaptive runtime
+with the plugin's policy) here, DFLASH trees in ``test_tensor_parallel.py`` (adaptive at TP 2: greedy equal to TP 1,
+sampled tokens exact samples of the target):
 - greedy: every token equals the non-speculative server's at concurrency 1 and 8, and the log-probabilities the
   server reports for them (from verify windows of changing widths) equal transformers';
 - sampled (temperature 1, top-p 0.9): every token is an exact sample of the target (the PIT test of
@@ -24,6 +25,7 @@ import requests
 from spec_common import (
     KIMI_CPU,
     TRAINED_DFLASH,
+    TRAINED_EAGLE3,
     check_greedy_parity,
     greedy_reference,
     gsm8k_prompts,
@@ -37,7 +39,11 @@ pytestmark = pytest.mark.e2e
 
 NUM_PROMPTS = 6
 FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8]}
-DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
+SPECULATORS = {
+    "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)],
+    "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+                     "--speculative-num-steps", "4"],
+}  # fmt: skip
 # a profile left by another setup (another GPU, TP 8): must be reported and replaced, never used
 STALE_PROFILE = {"format": "sglang-kimi-cost-profile/1", "key": {"device": "cuda:NVIDIA H200", "tp_size": 8},
                  "created": "2026-01-01T00:00:00Z", "seconds": {"1": {"0": 1e-9}}}  # fmt: skip
@@ -53,13 +59,14 @@ def reference(tiny_server, prompts):
     return greedy_reference(tiny_server.base_url, prompts)
 
 
-@pytest.fixture(scope="module")
-def adaptive_server(tmp_path_factory):
-    """Adaptive DFLASH chains with the forced-switching policy, started over a stale profile file."""
+@pytest.fixture(scope="module", params=sorted(SPECULATORS))
+def adaptive_server(request, tmp_path_factory):
+    """Adaptive chains with the forced-switching policy, started over a stale profile file."""
     root = tmp_path_factory.mktemp("adaptive")
     (root / "policy.json").write_text(json.dumps(FORCED_SWITCHING))
     (root / "profile.json").write_text(json.dumps(STALE_PROFILE))
-    server = launch(tmp_path_factory, "adaptive-chain", KIMI_CPU + ["--enable-metrics"] + DFLASH + [
+    name = request.param
+    server = launch(tmp_path_factory, f"adaptive-{name}", KIMI_CPU + ["--enable-metrics"] + SPECULATORS[name] + [
         "--speculative-kimi-adaptive",
         "--speculative-kimi-adaptive-config", str(root / "policy.json"),
         "--speculative-kimi-adaptive-profile", str(root / "profile.json"),

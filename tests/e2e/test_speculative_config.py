@@ -69,6 +69,7 @@ def drafters(tmp_path_factory):
         "adaptive_wide": _write(root / "adaptive_wide.json", json.dumps({"widths": [0, 3, 9]})),
         "adaptive_explore": _write(root / "adaptive_explore.json", json.dumps({"explore_every": 1})),
         "adaptive_type": _write(root / "adaptive_type.json", json.dumps({"hysteresis": "5%"})),
+        "adaptive_zero": _write(root / "adaptive_zero.json", json.dumps({"widths": [0]})),
     }
 
 
@@ -180,13 +181,23 @@ def cases(d):
                 "--speculative-num-steps",
                 "3",
                 "--speculative-eagle-topk",
-                "1",
+                "2",
                 "--speculative-num-draft-tokens",
-                "4",
+                "6",
                 *adaptive(),
             ),
-            ["--speculative-kimi-adaptive drives DFLASH", "EAGLE3", "--speculative-adaptive"],
-        ),  # fmt: skip
+            ["--speculative-eagle-topk is 2", "--speculative-eagle-topk 1"],
+        ),
+        (
+            eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6", *adaptive()),
+            ["--speculative-num-steps 3", "--speculative-num-draft-tokens 6", "set it to 4"],
+        ),
+        (
+            eagle3(d["eagle3"], *adaptive(), "--speculative-adaptive-config", str(d["adaptive"])),
+            ["drop --speculative-adaptive-config", "'widths'"],
+        ),
+        (eagle3(d["eagle3"], "--speculative-num-steps", "5", *adaptive(d["adaptive_wide"])), ["[9]", "(5)"]),
+        (eagle3(d["eagle3"], *adaptive(d["adaptive_zero"])), ["never speculate"]),
         (dflash(d["dflash"], *adaptive(), "--speculative-adaptive"), ["drop --speculative-adaptive"]),
         (dflash(d["dflash"], "--speculative-kimi-adaptive-config", str(d["adaptive"])), ["only apply with"]),
         (dflash(d["dflash"], *adaptive("/nonexistent/policy.json")), ["/nonexistent/policy.json", "cannot read"]),
@@ -246,6 +257,9 @@ def test_good_settings_resolve(drafters):
                "--speculative-num-draft-tokens", "6"),
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+        eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
+        eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
+               "--speculative-adaptive", *adaptive()),
     ]  # fmt: skip
     assert resolve_all(settings) == [None] * len(settings)
 

@@ -210,3 +210,51 @@ def test_the_grafana_dashboard_queries_metrics_the_plugin_exports():
     exported |= {f"sglang_kimi:adaptive_{n}" for n in re.findall(r'gauge\(\s*"([a-z_]+)"', source)}
     assert names and names <= exported, f"dashboard metrics the plugin does not export: {sorted(names - exported)}"
     assert {"sglang_kimi:adaptive_width", "sglang_kimi:spec_accepted_per_position"} <= names
+
+
+class _EagleWorker:
+    """What SGLang's AdaptiveController needs of EAGLEWorkerV2: the active step count and the state switch."""
+
+    def __init__(self, steps):
+        self.speculative_num_steps = steps
+        self.switches = 0
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        assert speculative_num_draft_tokens == speculative_num_steps + 1
+        return speculative_num_steps
+
+    def apply_runtime_state(self, state):
+        self.switches += state != self.speculative_num_steps
+        self.speculative_num_steps = state
+
+
+def test_eagle_steps_policy_drives_sglangs_adaptive_controller():
+    """SGLang's controller asks the plugin's policy before each step; the step's outcome reaches the policy with its
+    result (tagged at the end of the step, recorded once where the accepted counts are on the host)."""
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+    from sglang_kimi.adaptive.eagle_policy import EagleStepsPolicy
+    from sglang_kimi.adaptive.runtime import STEP_TAG, record_tagged_step, tag_step
+
+    runtime = _runtime()
+    policy = EagleStepsPolicy(runtime, [0, 1, 2, 3])
+    worker = _EagleWorker(3)
+    controller = AdaptiveController(worker, policy)
+    controller.init_states(cuda_graph_bs=[1, 2, 4, 8])
+    assert policy.cuda_graph_bs_for_step(0) == [1, 2, 4, 8]  # every bucket may run every width
+    for _ in range(300):
+        for batch in (1, 8):
+            start = runtime.start()
+            controller.activate_step_by_batch(batch)
+            width = worker.speculative_num_steps
+            runtime.clock.now += cost(batch, width)
+            result = type("Result", (), {})()
+            tag_step(result, runtime, start, batch, width)
+            controller.on_verify_complete([min(width, 2)] * batch, batch)  # SGLang's own call: ignored
+            record_tagged_step(result, torch.tensor([min(width, 2)] * batch))
+            assert getattr(result, STEP_TAG) is None
+            record_tagged_step(result, torch.tensor([0] * batch))  # a second call records nothing
+    snap = runtime.snapshot()
+    assert snap["buckets"]["1"]["width"] == 2 and snap["buckets"]["8"]["width"] == 0
+    assert sum(snap["steps_by_width"].values()) == 600
+    assert worker.switches >= 2

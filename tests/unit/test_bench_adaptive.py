@@ -1,0 +1,47 @@
+"""``bench/bench_adaptive.py``'s bookkeeping (its servers run only when the benchmark runs): repeats fold into the
+median per level with every run kept, and the targets are judged on the folded numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_adaptive", REPO / "bench" / "bench_adaptive.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def level(c, tput, tau=None, width=None):
+    return {"concurrency": c, "output_throughput": tput, "tau": tau, "chosen_width": width}
+
+
+def test_repeats_fold_into_the_median_per_level(bench):
+    repeats = [
+        [level(1, 10.0, 2.0, 3), level(8, 80.0, 1.5, 1)],
+        [level(1, 30.0, 2.2, 3), level(8, 20.0, 1.7, 0)],
+        [level(1, 12.0, 2.4, 2), level(8, 60.0, 1.6, 1)],
+    ]
+    folded = bench.median_runs(repeats)
+    assert [lv["output_throughput"] for lv in folded] == [12.0, 60.0]
+    assert folded[0]["tau"] == pytest.approx(2.2) and folded[1]["tau"] == pytest.approx(1.6)
+    assert folded[0]["output_throughput_runs"] == [10.0, 30.0, 12.0]
+    assert folded[1]["chosen_width"] == 1  # the last run's
+
+
+def test_eagle3_target_compares_the_plugin_with_sglangs_adaptive_per_level(bench):
+    runs = {
+        "eagle3-sglang-adaptive": [level(1, 50.0), level(8, 100.0)],
+        "eagle3-kimi-adaptive": [level(1, 55.0, width=3), level(8, 99.0, width=1)],
+    }
+    analysis = bench.analyse_eagle(runs, [1, 8])
+    assert analysis["kimi_vs_sglang_adaptive"] == {1: pytest.approx(1.1), 8: pytest.approx(0.99)}
+    assert analysis["chosen_width"] == {1: 3, 8: 1}
+    assert list(analysis["targets"].values()) == [False]  # 0.99x at c=8 misses ">= at every level"
