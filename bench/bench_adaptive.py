@@ -1,21 +1,29 @@
 #!/usr/bin/env python
 """Adaptive speculation against every static setting, on real SGLang servers (CPU, the embedded tiny Kimi).
 
-    python bench/bench_adaptive.py               # concurrency 1,2,4,8,16; both drafters; ~25 min on 2 cores
+    python bench/bench_adaptive.py               # concurrency 1,2,4,8,16; both drafters + EAGLE3; 2 repeats; ~65 min
+    python bench/bench_adaptive.py --repeats 1   # one run per configuration (~32 min)
+    python bench/bench_adaptive.py --only eagle3 # the EAGLE3 rows alone
     python bench/bench_adaptive.py --quick       # concurrency 1,8; matched drafter; chain 2 / tree 16 / adaptive
 
-For the matched drafter (``tiny-kimi-k2.6-dflash``) and the mismatched one (``tiny-kimi-k2.5-dflash``, trained for
-another checkpoint: ``scripts/make_mismatched_drafter.py``): no speculation; static DFLASH chains of 2 and 7
-drafts; static DDTree budgets 8, 16, 32; and adaptive (``--speculative-kimi-adaptive`` over tree budgets
-0, 1, 2, 4, 8, 16, 32, i.e. no speculation, chains of 1-2 and trees). Every level sends the same GSM8K test prompts
+For the matched DFlash drafter (``tiny-kimi-k2.6-dflash``) and the mismatched one (``tiny-kimi-k2.5-dflash``,
+trained for another checkpoint: ``scripts/make_mismatched_drafter.py``): no speculation; static DFLASH chains of 2
+and 7 drafts; static DDTree budgets 8, 16, 32; and adaptive (``--speculative-kimi-adaptive`` over tree budgets
+0, 1, 2, 4, 8, 16, 32, i.e. no speculation, chains of 1-2 and trees). For EAGLE3 chains (``tiny-kimi-k2.6-eagle3``,
+topk 1): static 3 steps, SGLang's own ``--speculative-adaptive`` (its default candidates 0, 1, 3, 5, 7) and the
+plugin's policy (``--speculative-kimi-adaptive``, steps 0..7). Every level sends the same GSM8K test prompts
 (2 per slot, at least 4; 64 output tokens) through SGLang's own serving benchmark (``sglang-kimi bench``'s sweep).
-Each adaptive server profiles its costs at start-up into a fresh file. Prints a table, writes
-``bench/results/bench_adaptive.json`` and ``bench_adaptive.png`` (output tokens/s by concurrency) and checks the
-targets (reported, never tuned for):
+
+Every configuration runs ``--repeats`` times, the repeats interleaved (all configurations once, then again), so a
+slow spell of the machine does not land on one configuration; the table shows per level the median output tokens/s
+(and tau), the JSON keeps every run. Each adaptive server profiles its costs at start-up into a fresh file. Prints
+a table, writes ``bench/results/bench_adaptive.json`` and ``bench_adaptive.png`` (output tokens/s by concurrency)
+and checks the targets (reported, never tuned for):
 - adaptive >= 0.95x the best static configuration at every concurrency, for both drafters;
 - adaptive >= 1.10x the best single static configuration (the one with the best geometric mean: what a sweep would
   pick) in the geometric mean over the grid;
-- adaptive never more than 5% below no speculation.
+- adaptive never more than 5% below no speculation;
+- EAGLE3 chains: the plugin's policy >= SGLang's own adaptive at every concurrency.
 """
 
 from __future__ import annotations
@@ -41,6 +49,13 @@ STATIC = {
     "tree-32": ["--speculative-dflash-tree-budget", "32"],
 }
 ADAPTIVE = ["--speculative-dflash-tree-budget", "32", "--speculative-kimi-adaptive"]
+EAGLE3_DRAFTER = ASSETS / "tiny-kimi-k2.6-eagle3"
+EAGLE3 = {
+    "eagle3-static-3": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                        "--speculative-num-draft-tokens", "4"],
+    "eagle3-sglang-adaptive": ["--speculative-adaptive"],
+    "eagle3-kimi-adaptive": ["--speculative-kimi-adaptive"],
+}  # fmt: skip
 
 
 def run_server(name: str, args: list[str], cfg, out_dir: Path) -> list[dict]:
@@ -126,25 +141,67 @@ def plot(results: dict, levels: list[int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drafters = list(results["drafters"])
-    fig, axes = plt.subplots(1, len(drafters), figsize=(6 * len(drafters), 4.5), squeeze=False)
-    for ax, drafter in zip(axes[0], drafters):
-        rows = {"none": results["none"], **results["drafters"][drafter]}
+    panels = {f"{d} DFlash drafter": rows for d, rows in results["drafters"].items()}
+    if results.get("eagle3"):
+        panels["EAGLE3 chains"] = results["eagle3"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (title, configs) in zip(axes[0], panels.items()):
+        rows = {"none": results["none"], **configs}
         for name, runs in rows.items():
             by = {lv["concurrency"]: lv["output_throughput"] for lv in runs}
-            style = (
-                dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1, ls="--" if name == "none" else "-")
-            )
+            bold = name in ("adaptive", "eagle3-kimi-adaptive")
+            style = dict(lw=2.5, color="black") if bold else dict(lw=1, ls="--" if name == "none" else "-")
             ax.plot(levels, [by[c] for c in levels], marker="o", label=name, **style)
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title(f"{drafter} drafter (tiny Kimi, CPU)")
+        ax.set_ylabel("output tokens/s (median of repeats)")
+        ax.set_title(f"{title} (tiny Kimi, CPU)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def median_runs(repeats: list[list[dict]]) -> list[dict]:
+    """One configuration's repeats folded per level: the median output tokens/s and tau, every run kept."""
+    out = []
+    for levels in zip(*repeats):
+        merged = dict(levels[-1])  # the last run's other fields (chosen width, latencies)
+        merged["output_throughput"] = statistics.median(lv["output_throughput"] for lv in levels)
+        taus = [lv["tau"] for lv in levels if lv.get("tau")]
+        merged["tau"] = statistics.median(taus) if taus else None
+        merged["output_throughput_runs"] = [lv["output_throughput"] for lv in levels]
+        out.append(merged)
+    return out
+
+
+def analyse_eagle(runs: dict, levels: list[int]) -> dict:
+    tput = {name: {lv["concurrency"]: lv["output_throughput"] for lv in r} for name, r in runs.items()}
+    ratio = {c: tput["eagle3-kimi-adaptive"][c] / tput["eagle3-sglang-adaptive"][c] for c in levels}
+    return {
+        "kimi_vs_sglang_adaptive": ratio,
+        "chosen_width": {lv["concurrency"]: lv.get("chosen_width") for lv in runs["eagle3-kimi-adaptive"]},
+        "targets": {"plugin policy >= SGLang's adaptive at every level (EAGLE3)": min(ratio.values()) >= 1.0},
+    }
+
+
+def eagle_table(runs: dict, none: list[dict], analysis: dict, levels: list[int]) -> str:
+    lines = ["\nEAGLE3 chains (topk 1): output tokens/s (tau)"]
+    lines.append("config                 " + "".join(f"{'c=' + str(c):>16}" for c in levels))
+    for name, r in {"none": none, **runs}.items():
+        by = {lv["concurrency"]: lv for lv in r}
+        cells = [
+            f"{by[c]['output_throughput']:.1f}" + (f" ({by[c]['tau']:.2f})" if by[c].get("tau") else "") for c in levels
+        ]
+        lines.append(f"{name:<23}" + "".join(f"{x:>16}" for x in cells))
+    lines.append("kimi chosen steps      " + "".join(f"{str(analysis['chosen_width'][c]):>16}" for c in levels))
+    lines.append(
+        "kimi / sglang adaptive " + "".join(f"{analysis['kimi_vs_sglang_adaptive'][c]:>15.2f}x" for c in levels)
+    )
+    for target, ok in analysis["targets"].items():
+        lines.append(f"  {'met ' if ok else 'MISSED'} {target}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -152,8 +209,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="concurrency 1,8; matched drafter; chain-2, tree-16")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of every configuration, interleaved (median)")
+    ap.add_argument("--only", choices=("dflash", "eagle3"), help="run one half of the grid (with no speculation)")
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_adaptive.json")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
 
     from sglang_kimi.evals.bench import BenchConfig, parse_concurrency
 
@@ -166,28 +227,60 @@ def main() -> int:
     )  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench_adaptive_"))
     print(f"server logs and SGLang's raw results: {work}", flush=True)
+
+    # (row key, server args); row key: ("none",), ("dflash", drafter, name) or ("eagle3", name)
+    grid = [(("none",), [])]
+    if args.only != "eagle3":
+        for drafter, path in drafters.items():
+            spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(path)]
+            grid += [(("dflash", drafter, name), spec + extra) for name, extra in static.items()]
+            grid.append((("dflash", drafter, "adaptive"), spec + ADAPTIVE))
+    if args.only != "dflash" and not args.quick:
+        spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(EAGLE3_DRAFTER)]
+        grid += [(("eagle3", name), spec + extra) for name, extra in EAGLE3.items()]
     started = time.monotonic()
-    results = {"none": run_server("none", [], cfg, work), "drafters": {}}
-    for drafter, path in drafters.items():
-        spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(path)]
-        runs = {}
-        for name, extra in static.items():
-            runs[name] = run_server(f"{drafter}-{name}", spec + extra, cfg, work)
-        profile = ["--speculative-kimi-adaptive-profile", str(work / f"profile-{drafter}.json")]
-        runs["adaptive"] = run_server(f"{drafter}-adaptive", spec + ADAPTIVE + profile, cfg, work)
-        results["drafters"][drafter] = runs
-    analysis = analyse(results, levels)
-    print(table(results, analysis, levels))
+    runs: dict[tuple, list[list[dict]]] = {key: [] for key, _ in grid}
+    for r in range(args.repeats):
+        for key, server_args in grid:
+            name = "-".join(key[1:]) or "none"
+            if "--speculative-kimi-adaptive" in server_args:  # a fresh profile per server
+                profile = work / f"profile-{name}-{r}.json"
+                server_args = server_args + ["--speculative-kimi-adaptive-profile", str(profile)]
+            runs[key].append(run_server(f"{name}-r{r}", server_args, cfg, work))
+            print(f"  ({time.monotonic() - started:.0f} s so far, repeat {r + 1}/{args.repeats})", flush=True)
+    folded = {key: median_runs(reps) for key, reps in runs.items()}
+
+    results = {"none": folded[("none",)], "drafters": {}, "eagle3": {}}
+    for key, levels_ in folded.items():
+        if key[0] == "dflash":
+            results["drafters"].setdefault(key[1], {})[key[2]] = levels_
+        elif key[0] == "eagle3":
+            results["eagle3"][key[1]] = levels_
+    analysis = analyse(results, levels) if results["drafters"] else {}
+    if results["drafters"]:
+        print(table(results, analysis, levels))
+    eagle = None
+    if results["eagle3"]:
+        eagle = analyse_eagle(results["eagle3"], levels)
+        print(eagle_table(results["eagle3"], results["none"], eagle, levels))
     data = {
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
             "python": sys.version.split()[0],
         },
-        "config": {"levels": levels, "output_len": args.output_len, "static": static, "adaptive": ADAPTIVE},
+        "config": {
+            "levels": levels,
+            "output_len": args.output_len,
+            "repeats": args.repeats,
+            "static": static,
+            "adaptive": ADAPTIVE,
+            "eagle3": EAGLE3,
+        },
         "minutes": round((time.monotonic() - started) / 60, 1),
         "results": results,
         "analysis": analysis,
+        "analysis_eagle3": eagle,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
