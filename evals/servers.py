@@ -196,22 +196,16 @@ def launch_pair(specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, ti
     The servers are stopped when ``stack`` closes. Start-up failures become :class:`EvalError` with the
     launcher's message (which names the log).
     """
-    from sglang_kimi.server import LaunchError, free_port, require_sglang, start_server
+    from sglang_kimi.server import ANY_PORT, LaunchError, require_sglang, start_server
 
     try:
         require_sglang()
     except LaunchError as exc:
         raise EvalError(str(exc)) from None
     log_dir.mkdir(parents=True, exist_ok=True)
-    ports = {}
-    for name in specs:  # distinct ports before any server binds one
-        port = free_port()
-        while port in ports.values():
-            port = free_port()
-        ports[name] = port
 
     def start(name: str):
-        return start_server(specs[name], port=ports[name], log_path=log_dir / f"{name}-server.log", timeout=timeout)
+        return start_server(specs[name], port=ANY_PORT, log_path=log_dir / f"{name}-server.log", timeout=timeout)
 
     urls, errors = {}, []
     with ThreadPoolExecutor(len(specs)) as pool:

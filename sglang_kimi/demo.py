@@ -19,11 +19,11 @@ from pathlib import Path
 import requests
 
 from sglang_kimi.server import (
+    ANY_PORT,
     ASSETS_DIR,
     TINY_DFLASH,
     TINY_EAGLE3,
     fetch_plugin_state,
-    free_port,
     has_gpu,
     require_sglang,
     start_server,
@@ -112,7 +112,7 @@ def run_mode(name: str, questions: list[str], args: argparse.Namespace, log_dir:
     log_path = log_dir / f"{name}.log"
     print(f"\n== {name}: starting SGLang (log: {log_path}) ...", flush=True)
     result = ModeResult(name)
-    with start_server(sglang_args, port=args.port or free_port(), log_path=log_path) as server:
+    with start_server(sglang_args, port=args.port or ANY_PORT, log_path=log_path) as server:
         for question in questions:
             result.answers.append(ask(server.base_url, question, args.max_new_tokens))
         result.state = fetch_plugin_state(server.base_url)

@@ -203,6 +203,11 @@ def check_port_free(host: str, port: int) -> None:
             raise LaunchError(f"port {port} on {host} is already in use: pass --port with a free port") from None
 
 
+ANY_PORT = 0  # launch_command(port=ANY_PORT): a free port, picked again if another process binds it first
+PORT_TAKEN = "address already in use"  # uvicorn's bind error in SGLang's log
+PORT_PICKS = 4  # tries of ANY_PORT before start-up fails
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -217,6 +222,12 @@ class LaunchSpec:
     port: int
     cpu: bool
     shims: list[str] = field(default_factory=list)
+    any_port: bool = False  # the port was picked free (ANY_PORT): another one may replace it if it is lost
+
+    def with_port(self, port: int) -> None:
+        i = self.argv.index("--port")
+        self.argv[i + 1] = str(port)
+        self.port = port
 
     @property
     def base_url(self) -> str:
@@ -227,8 +238,10 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     """The argv and environment that start ``sglang.launch_server`` with ``sglang_args``.
 
     Defaults: ``--model-path`` is the embedded tiny Kimi model, ``--host`` 127.0.0.1, ``--port`` 30000
-    (or ``port``); on a CPU-only machine (``cpu`` None: detected) the :data:`CPU_DEFAULTS` the user did not
-    give, the CPU environment and the needed shims.
+    (or ``port``; :data:`ANY_PORT`: a free one, which :class:`ServerProcess` replaces if another process binds it
+    between the pick and SGLang's bind, as servers started side by side and their clients' sockets can); on a
+    CPU-only machine (``cpu`` None: detected) the :data:`CPU_DEFAULTS` the user did not give, the CPU environment
+    and the needed shims.
     """
     args = list(sglang_args)
     if not _has_flag(args, "--model-path"):
@@ -239,6 +252,9 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if not _has_flag(args, "--host"):
         args += ["--host", host]
     given_port = _flag_value(args, "--port")
+    any_port = not given_port and port == ANY_PORT
+    if any_port:
+        port = free_port(host)
     port = int(given_port) if given_port else (port or DEFAULT_PORT)
     if not given_port:
         args += ["--port", str(port)]
@@ -254,7 +270,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if cpu and tp is not None and int(tp) > 1 and CPU_THREADS_BIND_ENV not in env:
         env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(int(tp))
     argv = [sys.executable, "-m", "sglang.launch_server", *args]
-    return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims)
+    return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims, any_port=any_port)
 
 
 class ServerProcess:
@@ -264,15 +280,45 @@ class ServerProcess:
         self.spec = spec
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else None
+        self._picks = 1
+        self._start()
+
+    def _start(self) -> None:
         # A neutral working directory: the repo root holds folders named like other PyPI packages.
         self.proc = subprocess.Popen(
-            spec.argv,
-            env=spec.env,
+            self.spec.argv,
+            env=self.spec.env,
             cwd=tempfile.gettempdir(),
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
         )
+        self._log_start = self._log.tell() if self._log else 0
+
+    def _lost_port(self) -> bool:
+        """SGLang's HTTP server could not bind its port (this launch's part of the log says so)."""
+        if not self.log_path or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            text = f.read().decode(errors="replace")
+        return PORT_TAKEN in text and f":{self.spec.port}" in text.replace("', ", ":")
+
+    def _pick_another_port(self) -> bool:
+        """A port picked free but lost to another process before SGLang bound it: start again on a new one."""
+        if not self.spec.any_port or self._picks >= PORT_PICKS or not self._lost_port():
+            return False
+        self.stop(close_log=False)
+        lost = self.spec.port
+        self.spec.with_port(free_port(self.spec.host))
+        self._picks += 1
+        if self._log:
+            self._log.write(
+                f"[sglang-kimi] port {lost} was taken by another process; starting again on {self.spec.port}\n".encode()
+            )
+            self._log.flush()
+        self._start()
+        return True
 
     @property
     def base_url(self) -> str:
@@ -292,20 +338,24 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._pick_another_port():
+                    continue
                 raise LaunchError(
                     f"SGLang exited with code {self.proc.returncode} during start-up"
                     + (f"; its log ({self.log_path}) ends with:\n{self.log_tail()}" if self.log_path else "")
                 )
             try:
-                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
+                healthy = requests.get(self.base_url + "/health", timeout=2).status_code == 200
             except requests.RequestException:
-                pass
+                healthy = False
+            if healthy and not self._lost_port():
+                return
+            # (healthy with the port lost: whoever holds the port answered; this server exits, and is restarted)
             time.sleep(0.5)
         self.stop()
         raise LaunchError(f"SGLang did not become ready within {timeout:.0f} s (log: {self.log_path})")
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0, close_log: bool = True) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left of it."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -324,7 +374,7 @@ class ServerProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        if self._log:
+        if self._log and close_log:
             self._log.close()
             self._log = None
 

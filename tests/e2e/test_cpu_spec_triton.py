@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from sglang_kimi.server import ASSETS_DIR, fetch_plugin_state, free_port, group_alive, start_server
+from sglang_kimi.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,7 @@ def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tm
             "--speculative-num-draft-tokens",
             "6",
         ],
-        port=free_port(),
+        port=ANY_PORT,
         log_path=tmp_path / "server.log",
         timeout=1800,
     )

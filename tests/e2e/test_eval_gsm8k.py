@@ -14,7 +14,7 @@ import pytest
 from support.data import GSM8K_DIR
 
 from sglang_kimi import cli
-from sglang_kimi.server import ASSETS_DIR, TINY_MODEL, free_port, start_server
+from sglang_kimi.server import ANY_PORT, ASSETS_DIR, TINY_MODEL, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +85,7 @@ def variant_servers(tmp_path_factory):
 
     def start(name):
         args = ["--model-path", str(paths[name]), *MEM.split()]
-        return start_server(args, port=free_port(), log_path=root / f"{name}.log", timeout=900)
+        return start_server(args, port=ANY_PORT, log_path=root / f"{name}.log", timeout=900)
 
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(start, name) for name in paths}

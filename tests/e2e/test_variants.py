@@ -18,7 +18,6 @@ tokens (and observing must not change the served logprobs).
 """
 
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -30,7 +29,7 @@ from sglang_kimi import cli, kv_calibration
 from sglang_kimi.models import kv_scales
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
-from sglang_kimi.server import LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
+from sglang_kimi.server import ANY_PORT, LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e
@@ -50,29 +49,16 @@ FALLBACK_LOG = {
 }
 
 
-def _distinct_free_ports(n: int) -> list[int]:
-    """``n`` free ports, distinct (the servers start at the same time: one free_port() each could repeat)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @pytest.fixture(scope="module")
 def variant_servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("variants")
     paths = {name: formats.write_named_variant(TINY_MODEL_DIR, root / name, name) for name in VARIANTS}
-    ports = dict(zip(VARIANTS, _distinct_free_ports(len(VARIANTS))))
 
     def launch(name):
         # SGLang's CPU memory check reads the machine's free memory before and after loading, so servers started
         # together see each other's allocations: a high static fraction keeps that slack small (the KV pool is
         # capped by the CPU default --max-total-tokens anyway)
-        spec = launch_command(["--model-path", str(paths[name]), "--mem-fraction-static", "0.85"], port=ports[name])
+        spec = launch_command(["--model-path", str(paths[name]), "--mem-fraction-static", "0.85"], port=ANY_PORT)
         if name == "int4":
             spec.env[kv_scales.ENV] = "observe"
         server = ServerProcess(spec, root / f"{name}.log")
