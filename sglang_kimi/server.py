@@ -254,11 +254,12 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     given_port = _flag_value(args, "--port")
     any_port = not given_port and port == ANY_PORT
     if any_port:
-        port = free_port(host)
-    port = int(given_port) if given_port else (port or DEFAULT_PORT)
+        port = free_port(host)  # bound and released just now: SGLang's own bind may still lose it (ServerProcess)
+    else:
+        port = int(given_port) if given_port else (port or DEFAULT_PORT)
+        check_port_free(host, port)
     if not given_port:
         args += ["--port", str(port)]
-    check_port_free(host, port)
 
     cpu = (not has_gpu()) if cpu is None else cpu
     if cpu:

@@ -28,7 +28,7 @@ from spec_common import KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, s
 from support.processes import children
 from support.servers import launch
 
-from sglang_kimi.server import ServerProcess, free_port, group_alive, launch_command
+from sglang_kimi.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 TREE = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"]
 
@@ -93,7 +93,7 @@ def test_sigterm_with_requests_in_flight(tmp_path, tiny_server):
     # `serve` given only the speculative flags and a port: its own CPU defaults (the attention backend included),
     # what a newcomer's first speculative server runs on
     args = [*TREE, "--speculative-draft-model-path", str(TRAINED_DFLASH)]
-    spec = launch_command(args, port=free_port())
+    spec = launch_command(args, port=ANY_PORT)
     spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", "--port", str(spec.port), *args]
     server = ServerProcess(spec, tmp_path / "serve.log")
     prompts = gsm8k_prompts(IN_FLIGHT)
