@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,10 +209,21 @@ PORT_TAKEN = "address already in use"  # uvicorn's bind error in SGLang's log
 PORT_PICKS = 4  # tries of ANY_PORT before start-up fails
 
 
+_handed_out: set[int] = set()  # ports free_port() gave this process: servers started side by side get distinct ones
+_handed_out_lock = threading.Lock()
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free now and not handed out before by this process (the kernel may offer a port again once it is
+    released; two servers starting at once on one port would answer each other's health checks)."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 @dataclass

@@ -70,3 +70,31 @@ def test_a_port_the_user_chose_is_never_replaced(tmp_path, taken_port):
         assert server.spec.port == taken_port
     finally:
         server.stop()
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch):
+    """The kernel may offer a released port again; servers started side by side must still get distinct ones."""
+    from sglang_kimi import server
+
+    offered = iter([41000, 41000, 41000, 41001])
+
+    class OfferingSocket:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(server, "_handed_out", set())
+    monkeypatch.setattr(server.socket, "socket", OfferingSocket)
+    assert server.free_port() == 41000
+    assert server.free_port() == 41001
