@@ -16,8 +16,8 @@ where verify cost grows with the tokens verified. The two inputs are estimated o
 - :class:`TreeAcceptance`: for trees (and any family of widths whose gain is not a product of positions), the mean
   committed tokens per step of each width, decayed; a width not yet observed borrows from its nearest observed
   neighbours, optimistically, so that exploration reaches it.
-- :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile (each value stands until the
-  first real step of its cell replaces it), then the steps' own timings, decayed.
+- :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile scaled by how far the real
+  steps' timings fell from it, each cell replaced by the steps' own timings (decayed) once it has run.
 
 :class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on neighbouring widths (so the
 estimates of widths not chosen do not go stale) and hysteresis (a new width must beat the current one by a margin,
@@ -158,30 +158,62 @@ class TreeAcceptance:
 class CostTable:
     """Seconds per speculative step by (batch bucket, width): a start-up profile, refined online.
 
-    ``seconds(bucket, width)`` interpolates linearly in the width between measured widths of the bucket (and
-    extrapolates from the two nearest) when a width has not been measured yet.
+    A cell a real step has timed is that cell's decayed mean. A cell known only from the profile is the profiled
+    value times the bucket's *calibration*: how much longer the real steps took than the profile said, over the
+    cells of this bucket that both profiled and measured (with the same ratio over every bucket as a prior of
+    weight one observation; 1 before any real step). The profile runs on dummy inputs (a short context, no
+    bookkeeping of accepted tokens, possibly a busy machine), so it is off by a factor that is much the same across
+    widths; without the calibration every measured cell would look worse than every profiled one, and a bucket would
+    tour all its widths before settling.
+
+    ``seconds(bucket, width)`` interpolates linearly in the width between known widths of the bucket (and
+    extrapolates from the two nearest) when a width was neither profiled nor measured.
     """
 
     def __init__(self, decay: float = 0.98):
         self.decay = decay
-        self.table: dict[int, dict[int, Decayed]] = {}
-        self._profiled: set[tuple[int, int]] = set()
+        self.table: dict[int, dict[int, Decayed]] = {}  # measured: bucket -> width -> the real steps' seconds
+        self.profile: dict[int, dict[int, float]] = {}  # profiled: bucket -> width -> seconds
+        self._calibration: dict[int, float] | None = None  # per bucket, until the next observation
 
     def set(self, bucket: int, width: int, seconds: float) -> None:
-        """A profiled value: used until the first real step of this (bucket, width) replaces it."""
-        cell = Decayed()
-        cell.add(seconds, self.decay)
-        self.table.setdefault(bucket, {})[width] = cell
-        self._profiled.add((bucket, width))
+        """A profiled value (calibrated until the first real step of this (bucket, width) replaces it)."""
+        self.profile.setdefault(bucket, {})[width] = seconds
+        self._calibration = None
 
     def observe(self, bucket: int, width: int, seconds: float) -> None:
-        if (bucket, width) in self._profiled:  # a real step supersedes the dummy-input profile (which may be noisy)
-            self._profiled.discard((bucket, width))
-            self.table[bucket][width] = Decayed()
         self.table.setdefault(bucket, {}).setdefault(width, Decayed()).add(seconds, self.decay)
+        self._calibration = None
+
+    def _ratios(self, bucket: int) -> list[tuple[float, float]]:
+        """(real / profiled seconds, decayed steps) of the bucket's cells that were both profiled and measured."""
+        profiled = self.profile.get(bucket, {})
+        return [
+            (cell.mean() / profiled[w], cell.weight)
+            for w, cell in self.table.get(bucket, {}).items()
+            if profiled.get(w, 0) > 0 and cell.mean() is not None
+        ]
+
+    def calibration(self, bucket: int) -> float:
+        """Real over profiled seconds in this bucket (see the class docstring)."""
+        if self._calibration is None:
+            ratios = {b: self._ratios(b) for b in self.profile}
+            everywhere = [r for rs in ratios.values() for r in rs]
+            prior = sum(r * n for r, n in everywhere) / sum(n for _, n in everywhere) if everywhere else 1.0
+            self._calibration = {
+                b: (sum(r * n for r, n in rs) + prior) / (sum(n for _, n in rs) + 1.0) for b, rs in ratios.items()
+            }
+        return self._calibration.get(bucket, 1.0)
+
+    def row(self, bucket: int) -> dict[int, float]:
+        """The bucket's known widths: measured means, else calibrated profiled values."""
+        scale = self.calibration(bucket)
+        row = {w: s * scale for w, s in self.profile.get(bucket, {}).items()}
+        row.update({w: c.mean() for w, c in self.table.get(bucket, {}).items() if c.mean() is not None})
+        return row
 
     def seconds(self, bucket: int, width: int) -> float | None:
-        row = {w: c.mean() for w, c in self.table.get(bucket, {}).items() if c.mean() is not None}
+        row = self.row(bucket)
         if width in row:
             return row[width]
         if len(row) < 2:
@@ -194,7 +226,8 @@ class CostTable:
         return max(row[a] + slope * (width - a), 1e-9)
 
     def snapshot(self) -> dict[int, dict[int, float]]:
-        return {b: {w: round(c.mean(), 6) for w, c in sorted(row.items())} for b, row in sorted(self.table.items())}
+        buckets = sorted(set(self.table) | set(self.profile))
+        return {b: {w: round(s, 6) for w, s in sorted(self.row(b).items())} for b in buckets}
 
 
 @dataclass
@@ -274,7 +307,7 @@ class WidthPolicy:
         state = self.state[bucket]
         state.steps += 1
         current = state.width
-        measured = self.costs.table.get(bucket, {})
+        measured = self.costs.row(bucket)
         if len(measured) < min(2, len(self.widths)):  # no profile for this bucket: measure two widths (the table
             # interpolates the rest) before comparing any
             unmeasured = [w for w in self.widths if w not in measured]
@@ -332,4 +365,6 @@ class WidthPolicy:
             },
             "acceptance": self.acceptance.snapshot(),
             "costs": self.costs.snapshot(),
+            # real over profiled seconds per bucket: how far the start-up profile was from the steps
+            "cost_calibration": {str(b): round(self.costs.calibration(b), 4) for b in self.buckets},
         }

@@ -10,10 +10,10 @@ With ``--speculative-kimi-adaptive`` the plugin turns SGLang's adaptive mode on 
 acceptance by position, and a cost table by batch bucket and width.
 
 Measurement: the start-up profile times the target's verify over steps + 1 tokens per request for every bucket and
-width (the drafter's share is learned from the first real step of each cell, which replaces the profiled value,
-see ``speculators/policy.CostTable``); each decode step is timed around ``forward_batch_generation`` and its
-accepted counts are read where SGLang's result processing has them on the host (``metrics._record_step``,
-``adaptive/runtime.record_tagged_step``).
+width (the drafter's share is learned from the real steps: a cell's first real step replaces its profiled value,
+and the cells not yet run are scaled by the bucket's real / profiled ratio, see ``speculators/policy.CostTable``);
+each decode step is timed around ``forward_batch_generation`` and its accepted counts are read where SGLang's result
+processing has them on the host (``metrics._record_step``, ``adaptive/runtime.record_tagged_step``).
 """
 
 from __future__ import annotations
