@@ -244,8 +244,22 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
         "sglang_kimi.workers.eagle_adaptive:install_policy",
         "EAGLE3 with --speculative-kimi-adaptive: once SGLang's adaptive runtime built a state per candidate step "
-        "count, profiles the verify and hands SGLang's AdaptiveController the plugin's cost-aware policy (SGLang's "
-        "own follows an EMA of the accept length)",
+        "count, profiles the whole step in each state (draft, verify, draft extend) and hands SGLang's "
+        "AdaptiveController the plugin's cost-aware policy (SGLang's own follows an EMA of the accept length)",
+        needs=(
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
+            "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController._activate",
+            "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
+            "sglang.srt.speculative.eagle_info.EagleDraftInput",
+            "sglang.srt.speculative.eagle_info.EagleDraftExtendInput",
+            "sglang.srt.speculative.eagle_utils.get_draft_input_from_target_hidden_dim",
+            "sglang.srt.speculative.eagle_utils.get_draft_recurrent_hidden_state_spec",
+            "sglang.srt.speculative.spec_utils.draft_tp_context",
+            "sglang.srt.layers.moe.utils.speculative_moe_backend_context",
+            "sglang.srt.layers.moe.utils.speculative_moe_a2a_backend_context",
+            "sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator.bind_runner_slots",
+            "sglang.srt.environ.envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND",
+        ),
     ),
     Entry(
         "eagle-adaptive-step-timing",

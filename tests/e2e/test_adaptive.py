@@ -12,7 +12,8 @@ sampled tokens exact samples of the target):
 - the switches are real: ``/server_info`` counts steps at several widths, each change of a bucket's width is one log
   line, and Prometheus carries the chosen widths;
 - the cost profile: a file made for another setup is logged as such and replaced by a fresh profile keyed to this
-  server (reuse on a restart: ``tests/unit/test_adaptive_serving.py``).
+  server (reuse on a restart: ``tests/unit/test_adaptive_serving.py``), whose steps, the drafter's share included,
+  cost more at the widest width than at width 0.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def test_greedy_output_is_unchanged_while_the_width_switches(adaptive_server, pr
     saved = json.loads(open(state["profile"]["file"]).read())
     assert saved["key"] == state["profile"]["key"] and saved["key"]["device"].startswith("cpu:")
     assert set(saved["seconds"]) == {"1", "4", "8"}
+    for bucket, row in saved["seconds"].items():  # the profile times the drafter too: more drafts cost more
+        widest = str(max(int(w) for w in row))
+        assert row[widest] > row["0"], f"bucket {bucket}: the profiled step does not grow with the width: {row}"
 
     metrics = requests.get(url + "/metrics", timeout=60).text
     assert re.search(r'^sglang_kimi:adaptive_width\{[^}]*bucket="1"[^}]*\} \d', metrics, re.M), "no chosen widths"
