@@ -19,10 +19,10 @@ where verify cost grows with the tokens verified. The two inputs are estimated o
 - :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile scaled by how far the real
   steps' timings fell from it, each cell replaced by the steps' own timings (decayed) once it has run.
 
-:class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on neighbouring widths (so the
-estimates of widths not chosen do not go stale) and hysteresis (a new width must beat the current one by a margin,
-so the choice does not thrash between near-equal widths). Pure Python and PyTorch-free: the serving workers feed
-it counts and seconds. Derivation and failure modes: ``docs/adaptive.md``.
+:class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on other widths (the runner-up,
+and the least recently run: so the estimates of widths not chosen do not go stale) and hysteresis (a new width must
+beat the current one by a margin, so the choice does not thrash between near-equal widths). Pure Python and
+PyTorch-free: the serving workers feed it counts and seconds. Derivation and failure modes: ``docs/adaptive.md``.
 """
 
 from __future__ import annotations
@@ -185,6 +185,22 @@ class CostTable:
         self.table.setdefault(bucket, {}).setdefault(width, Decayed()).add(seconds, self.decay)
         self._calibration = None
 
+    def restore(self, bucket: int, width: int, seconds: float, steps: float, trust: float = 8.0) -> None:
+        """A cell real steps measured before a restart (mean ``seconds`` over ``steps`` decayed steps), weighed as
+        at most ``trust`` steps: it replaces the profiled value, and this server's own steps take over within a few
+        dozen steps if the traffic has changed."""
+        if seconds > 0 and steps > 0 and math.isfinite(seconds):
+            weight = min(steps, trust)
+            self.table.setdefault(bucket, {})[width] = Decayed(seconds * weight, weight)
+            self._calibration = None
+
+    def measured(self) -> dict[int, dict[int, tuple[float, float]]]:
+        """The cells real steps have timed: bucket -> width -> (mean seconds, decayed steps)."""
+        return {
+            b: {w: (c.mean(), c.weight) for w, c in sorted(row.items()) if c.mean() is not None}
+            for b, row in sorted(self.table.items())
+        }
+
     def _ratios(self, bucket: int) -> list[tuple[float, float]]:
         """(real / profiled seconds, decayed steps) of the bucket's cells that were both profiled and measured."""
         profiled = self.profile.get(bucket, {})
@@ -238,12 +254,13 @@ class BucketState:
     expected_tokens: float = 1.0  # E_w of the chosen width when it was chosen
     realised: Decayed = field(default_factory=Decayed)  # committed tokens per request per step, as observed
     last_run: dict[int, int] = field(default_factory=dict)  # width -> this bucket's step that last ran it
+    explorations: int = 0  # steps of this bucket that ran another width than the chosen one
 
 
 @dataclass(frozen=True)
 class Decision:
     width: int
-    explore: bool  # a neighbouring width tried to keep its estimates fresh, not the best one
+    explore: bool  # another width run to keep its estimates fresh, not the chosen one
     changed: bool  # the bucket's chosen width changed with this decision (log it)
 
 
@@ -253,9 +270,9 @@ class WidthPolicy:
     ``widths``: the candidate widths, ascending, 0 (no speculation) allowed; ``buckets``: batch-size bucket bounds
     (a batch of B requests falls in the first bucket >= B, the last one beyond); ``acceptance``: a
     :class:`ChainAcceptance` or :class:`TreeAcceptance`; ``costs``: a :class:`CostTable`. One in every
-    ``explore_every`` steps of a bucket runs a neighbour of the bucket's width instead (a bounded share:
-    ``1 / explore_every``); the bucket switches to a width only when its expected rate beats the current width's by
-    ``hysteresis`` (a fraction).
+    ``explore_every`` steps of a bucket (and two early ones: :meth:`exploration_due`) runs another width instead:
+    the runner-up or the least recently run width (a bounded share: ``1 / explore_every``); the bucket switches to a
+    width only when its expected rate beats the current width's by ``hysteresis`` (a fraction).
     """
 
     def __init__(
@@ -318,23 +335,31 @@ class WidthPolicy:
             state.width, state.switches, changed = best, state.switches + 1, True
             current = best
         state.expected_tokens = self.acceptance.expected_tokens(current)
-        if state.steps % self.explore_every == 0 and len(self.widths) > 1:
-            return Decision(self._explored(state, current), explore=True, changed=changed)
+        if self.exploration_due(state.steps) and len(self.widths) > 1:
+            return Decision(self._explored(bucket, state, current), explore=True, changed=changed)
         state.last_run[current] = state.steps
         return Decision(current, explore=False, changed=changed)
 
-    def _explored(self, state: BucketState, current: int) -> int:
-        """Two explorations in three try a neighbour of the current width (below, then above); the third tries the
-        width this bucket has run least recently, so that a width far from the current one (whose cost or
-        acceptance estimate may be stale, e.g. from a noisy profile) is still revisited."""
-        turn = state.steps // self.explore_every
-        if turn % 3 == 2:
-            others = [w for w in self.widths if w != current]
+    def exploration_due(self, step: int) -> bool:
+        """Whether a bucket's ``step``-th step (from 1) explores: every ``explore_every``-th, and two early ones at a
+        quarter and a half of that interval, while the bucket's choice still rests on the start-up profile alone
+        (a bounded share: at most ``1 / explore_every`` of the steps, plus two per bucket)."""
+        e = self.explore_every
+        return step % e == 0 or step in (max(1, e // 4), max(1, e // 2))
+
+    def _explored(self, bucket: int, state: BucketState, current: int) -> int:
+        """Two explorations in three run the *challenger*, the width with the best expected rate after the current
+        one: the width whose estimate decides whether the bucket should move (a switch that hysteresis holds back
+        while the challenger's cost is only a profiled value is settled by measuring it). The third runs the width
+        this bucket has run least recently, so that a width far from the current one (whose cost or acceptance
+        estimate may be stale, e.g. from a noisy profile or a change of traffic) is still revisited."""
+        others = [w for w in self.widths if w != current]
+        if state.explorations % 3 == 2:
             width = min(others, key=lambda w: (state.last_run.get(w, -1), w))
         else:
-            i = self.widths.index(current)
-            neighbours = [self.widths[j] for j in (i - 1, i + 1) if 0 <= j < len(self.widths)]
-            width = neighbours[turn % len(neighbours)]
+            rates = {w: self.rate(bucket, w) for w in others}
+            width = max(others, key=lambda w: (rates[w], -w))
+        state.explorations += 1
         state.last_run[width] = state.steps
         return width
 
@@ -358,6 +383,7 @@ class WidthPolicy:
                     "width": s.width,
                     "steps": s.steps,
                     "switches": s.switches,
+                    "explorations": s.explorations,
                     "expected_tokens_per_step": round(s.expected_tokens, 4),
                     "realised_tokens_per_step": (round(s.realised.mean(), 4) if s.realised.mean() else None),
                 }

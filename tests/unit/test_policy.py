@@ -70,8 +70,8 @@ def test_converges_to_the_best_width(curve, batch):
     rate = expected(curve, chosen) / step_seconds(batch, chosen)
     best_rate = expected(curve, best) / step_seconds(batch, best)
     assert rate >= 0.97 * best_rate, (chosen, best)
-    exploring = sum(d.explore for d in decisions) / len(decisions)
-    assert exploring <= 1 / policy.explore_every + 1e-9
+    exploring = sum(d.explore for d in decisions)
+    assert exploring <= len(decisions) // policy.explore_every + 2  # the bounded share, plus two early explorations
 
 
 def test_the_field_case_picks_two_drafts_not_seven():
@@ -227,3 +227,33 @@ def test_tree_estimates_are_pooled_into_a_non_decreasing_curve():
     acceptance.observe(16, [7, 7, 7, 7])
     assert acceptance.expected_tokens(4) == pytest.approx(4.0)
     assert acceptance.expected_tokens(16) == pytest.approx((2 + 4 * 8) / 5)
+
+
+def test_a_misjudged_runner_up_is_measured_early_and_taken():
+    """The profile ranks width 8 just below width 16 (the one running); really width 8 commits 11% more tokens per
+    second. Only measuring width 8 can show it: the runner-up is what the bucket's first exploration runs, a quarter
+    of the usual interval in, and the bucket moves at once instead of after ``explore_every`` steps."""
+    budgets = [0, 4, 8, 16]
+    tau = {4: 3, 8: 4, 16: 5}
+    real = {0: 0.030, 4: 0.070, 8: 0.072, 16: 0.100}  # tokens/s: 0: 33, 4: 43, 8: 56, 16: 50
+    profiled = {**real, 8: 0.085}  # 8 looks like 47 tokens/s: second best
+    costs = CostTable()
+    for b, seconds in profiled.items():
+        costs.set(16, b, seconds)
+    acceptance = TreeAcceptance(budgets, decay=1.0)
+    for b, t in tau.items():
+        acceptance.observe(b, [t - 1] * 4)
+    policy = WidthPolicy(budgets, [16], acceptance, costs, initial_width=16, explore_every=20)
+    ran = []
+    for _ in range(12):
+        decision = policy.choose(16)
+        ran.append(decision.width)
+        policy.observe(16, decision.width, [], real[decision.width])
+    assert ran[:4] == [16] * 4 and ran[4] == 8, ran
+    assert policy.state[16].width == 8 and ran[5:].count(8) >= 6, ran
+
+
+def test_exploration_schedule_is_a_bounded_share():
+    policy = WidthPolicy([0, 1], [1], ChainAcceptance(1), CostTable(), explore_every=20)
+    due = [n for n in range(1, 201) if policy.exploration_due(n)]
+    assert due[:4] == [5, 10, 20, 40] and len(due) == 200 // 20 + 2
