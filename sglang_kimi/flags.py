@@ -47,7 +47,8 @@ def _add_plugin_flags(result, parser):
         ADAPTIVE_PROFILE_FLAG,
         default=None,
         metavar="PATH",
-        help="Where the start-up cost profile is kept and reused (keyed by device, model, drafter and "
+        help="Where the cost profile (the start-up profile and, saved once a minute while serving, the real "
+        "steps' timings) is kept and reused at the next start (keyed by device, model, drafter and "
         "parallelism; a profile made for another setup is logged and replaced). Default: one file per setup "
         "under $XDG_CACHE_HOME/sglang-kimi/cost-profiles (~/.cache when unset).",
     )

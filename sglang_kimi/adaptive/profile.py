@@ -1,5 +1,5 @@
-"""The start-up cost profile: seconds per speculative step by (batch bucket, width), kept in a JSON file so that a
-restart on the same setup reuses it instead of profiling again.
+"""The cost profile: seconds per speculative step by (batch bucket, width), measured at start-up and refined by the
+real steps, kept in a JSON file so that a restart on the same setup reuses both instead of profiling again.
 
 A profile is valid only for the setup it was measured on; its ``key`` records the device, the target and drafter
 (paths and the digest of their ``config.json``), the parallelism, the dtype, the attention backend and the widths
@@ -10,7 +10,13 @@ parsed is treated the same way (it is only a cache); one that cannot be written 
 Format (``format: sglang-kimi-cost-profile/1``)::
 
     {"format": ..., "key": {...}, "created": "2026-11-23T12:00:00Z",
-     "seconds": {"<bucket>": {"<width>": seconds per step, ...}, ...}}
+     "seconds": {"<bucket>": {"<width>": seconds per step, ...}, ...},
+     "measured": {"<bucket>": {"<width>": [mean seconds of the real steps, their decayed count], ...}, ...},
+     "updated": "2026-11-23T13:00:00Z"}
+
+``seconds`` is the start-up profile (dummy inputs); ``measured``, present once a server has served, is the real
+steps' table as the serving server last saved it (``AdaptiveRuntime``, at most once a minute): a restart starts
+from what the steps measured, not only from the profile.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from sglang_kimi.adaptive.config import cache_dir
 
@@ -73,8 +80,18 @@ def _differences(saved: Mapping, wanted: Mapping) -> list[str]:
     ]
 
 
-def read_profile(path: Path, key: Mapping) -> dict[int, dict[int, float]] | None:
-    """The table in ``path`` when it was made for ``key``; None (and one log line saying why) otherwise."""
+Table = dict[int, dict[int, float]]  # bucket -> width -> seconds per step
+Measured = dict[int, dict[int, tuple[float, float]]]  # bucket -> width -> (mean seconds, decayed steps)
+
+
+class SavedProfile(NamedTuple):
+    table: Table  # the start-up profile
+    measured: Measured  # the real steps, as a serving server last saved them ({} before any)
+    created: str  # when the start-up profile was measured
+
+
+def read_profile(path: Path, key: Mapping) -> SavedProfile | None:
+    """The profile in ``path`` when it was made for ``key``; None (and one log line saying why) otherwise."""
     if not path.exists():
         return None
     try:
@@ -82,8 +99,13 @@ def read_profile(path: Path, key: Mapping) -> dict[int, dict[int, float]] | None
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r} is not {FORMAT}")
         table = {int(b): {int(w): float(s) for w, s in row.items()} for b, row in data["seconds"].items()}
+        measured = {
+            int(b): {int(w): (float(cell[0]), float(cell[1])) for w, cell in row.items()}
+            for b, row in data.get("measured", {}).items()
+        }
         saved_key = data["key"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        created = str(data.get("created", ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         logger.warning("sglang-kimi adaptive: cost profile %s is unreadable (%s): profiling afresh", path, e)
         return None
     differences = _differences(saved_key, key)
@@ -94,16 +116,31 @@ def read_profile(path: Path, key: Mapping) -> dict[int, dict[int, float]] | None
             "; ".join(differences),
         )
         return None
-    return table
+    return SavedProfile(table, measured, created)
 
 
-def write_profile(path: Path, key: Mapping, table: Mapping[int, Mapping[int, float]]) -> None:
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_profile(
+    path: Path, key: Mapping, table: Mapping[int, Mapping[int, float]], measured: Measured | None = None,
+    created: str | None = None,
+) -> None:  # fmt: skip
+    """Writes the file atomically (a reader never sees half of it); a failure is one warning, not an error.
+    ``created``: when the profile in ``table`` was measured (now when None)."""
     data = {
         "format": FORMAT,
         "key": dict(key),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created": created or _utc_now(),
         "seconds": {str(b): {str(w): s for w, s in sorted(row.items())} for b, row in sorted(table.items())},
     }
+    if measured:
+        data["measured"] = {
+            str(b): {str(w): [round(s, 9), round(n, 3)] for w, (s, n) in sorted(row.items())}
+            for b, row in sorted(measured.items())
+        }
+        data["updated"] = _utc_now()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -145,17 +182,22 @@ def load_or_measure(
     step_seconds: Callable[[int, int], float],
     share: Callable[[object], object] | None = None,
     writer: bool = True,
-) -> tuple[dict[int, dict[int, float]], Path, bool]:
-    """(the table, its file, whether it was measured now): the file's when it fits this setup, else measured and
-    written. Tensor-parallel ranks profile together (the forwards are collective): ``share`` gives every rank
-    rank 0's value, and only the ``writer`` (rank 0) reads, logs and writes the file."""
+) -> tuple[SavedProfile, Path, bool]:
+    """(the profile, its file, whether it was measured now): the file's when it fits this setup (with the real
+    steps an earlier server saved), else measured and written (nothing measured by real steps yet).
+    Tensor-parallel ranks profile together (the forwards are collective): ``share`` gives every rank rank 0's value,
+    and only the ``writer`` (rank 0) reads, logs and writes the file."""
     share = share or (lambda value: value)
     file = Path(path) if path else default_profile_path(key)
-    table = share(read_profile(file, key) if writer else None)
-    if table is not None:
+    saved = share(read_profile(file, key) if writer else None)
+    if saved is not None:
         if writer:
-            logger.info("sglang-kimi adaptive: reusing the cost profile %s", file)
-        return table, file, False
+            logger.info(
+                "sglang-kimi adaptive: reusing the cost profile %s (and %d cells timed by real steps)",
+                file,
+                sum(len(row) for row in saved.measured.values()),
+            )
+        return saved, file, False
     if writer:
         logger.info(
             "sglang-kimi adaptive: profiling the speculative step over %d batch buckets x %d widths",
@@ -163,6 +205,7 @@ def load_or_measure(
             len(widths),
         )
     table = share(measure_profile(buckets, widths, step_seconds))
+    created = _utc_now()
     if writer:
-        write_profile(file, key, table)
-    return table, file, True
+        write_profile(file, key, table, created=created)
+    return SavedProfile(table, {}, created), file, True

@@ -21,6 +21,7 @@ from sglang_kimi.speculators.policy import WidthPolicy
 logger = logging.getLogger("sglang_kimi")
 
 GAUGE_EVERY = 16  # folded-in steps between Prometheus gauge updates (and at every change of width)
+SAVE_EVERY_S = 60.0  # seconds between saves of the real steps' cost table to the profile file (when it changed)
 
 
 class _Clock:
@@ -49,7 +50,9 @@ class _Clock:
 
 class AdaptiveRuntime:
     """One per scheduler process. ``sync(width) -> width``: makes every tensor-parallel rank run rank 0's choice
-    (timings differ between ranks, so their policies may not agree)."""
+    (timings differ between ranks, so their policies may not agree). ``save(measured)``: keeps the real steps' cost
+    table (``CostTable.measured()``) for the next start, called at most every ``save_every`` seconds while steps
+    are folded in (rank 0 only: the profile file)."""
 
     def __init__(
         self,
@@ -60,6 +63,8 @@ class AdaptiveRuntime:
         sync: Callable[[int], int] | None = None,
         profile: dict | None = None,
         clock=None,
+        save: Callable[[dict], None] | None = None,
+        save_every: float = SAVE_EVERY_S,
     ):
         self.policy = policy
         self.label = label
@@ -71,6 +76,10 @@ class AdaptiveRuntime:
         self._lock = threading.Lock()
         self._gauges = _prometheus_metrics() if prometheus else None
         self._since_gauges = 0
+        self._save = save
+        self._save_every = save_every
+        self._saved_at = time.monotonic()
+        self._unsaved = False
 
     # -- per step ----------------------------------------------------------------------------------------------
 
@@ -129,6 +138,20 @@ class AdaptiveRuntime:
             drained = True
         if drained:
             self._update_gauges()
+            self._unsaved = True
+            self._maybe_save()
+
+    def _maybe_save(self, force: bool = False) -> None:
+        if self._save is None or not self._unsaved:
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < self._save_every:
+            return
+        with self._lock:
+            measured = self.policy.costs.measured()
+        self._save(measured)
+        self._saved_at, self._unsaved = now, False
+        self.profile["measured_saved"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     # -- reporting ---------------------------------------------------------------------------------------------
 

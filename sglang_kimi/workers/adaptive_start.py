@@ -18,7 +18,7 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
 from sglang_kimi.adaptive.config import AdaptiveConfig
-from sglang_kimi.adaptive.profile import config_digest, device_name, load_or_measure
+from sglang_kimi.adaptive.profile import config_digest, device_name, load_or_measure, write_profile
 from sglang_kimi.adaptive.runtime import AdaptiveRuntime, set_current
 from sglang_kimi.speculators.policy import CostTable, WidthPolicy
 
@@ -63,19 +63,24 @@ def start_runtime(
 
     tp = get_parallel().tp_group
     share = (lambda value: tp.broadcast_object(value, src=0)) if tp.world_size > 1 else None
-    table, file, measured = load_or_measure(
+    writer = int(tp.rank_in_group) == 0
+    saved, file, measured = load_or_measure(
         plugin_args(server_args).adaptive_profile,
         key,
         buckets,
         widths,
         step_seconds,
         share=share,
-        writer=int(tp.rank_in_group) == 0,
+        writer=writer,
     )
     costs = CostTable(decay=config.cost_decay)
-    for bucket, row in table.items():
+    for bucket, row in saved.table.items():
         for width, seconds in row.items():
             costs.set(bucket, width, seconds)
+    for bucket, row in saved.measured.items():  # what the real steps of an earlier server measured
+        for width, (seconds, steps) in row.items():
+            if bucket in buckets and width in widths:
+                costs.restore(bucket, width, seconds, steps)
     policy = WidthPolicy(
         widths,
         buckets,
@@ -91,7 +96,13 @@ def start_runtime(
         device,
         prometheus=bool(server_args.enable_metrics),
         sync=share,
-        profile={"file": str(file), "measured_at_start": measured, "key": key},
+        profile={
+            "file": str(file),
+            "measured_at_start": measured,
+            "restored_cells": sum(len(row) for row in saved.measured.values()),
+            "key": key,
+        },
+        save=(lambda cells: write_profile(file, key, saved.table, cells, created=saved.created)) if writer else None,
     )
     set_current(runtime)
     logger.info(

@@ -3,6 +3,7 @@ runtime that asks and feeds the policy (the policy itself: test_policy.py)."""
 
 import json
 import logging
+import time
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ def test_a_profile_is_reused_only_for_its_own_setup(tmp_path, caplog):
     path = tmp_path / "profile.json"
     write_profile(path, KEY, {1: {0: 0.01, 1: 0.02}, 4: {0: 0.03, 1: 0.05}})
     assert json.loads(path.read_text())["format"] == FORMAT
-    assert read_profile(path, KEY) == {1: {0: 0.01, 1: 0.02}, 4: {0: 0.03, 1: 0.05}}
+    assert read_profile(path, KEY).table == {1: {0: 0.01, 1: 0.02}, 4: {0: 0.03, 1: 0.05}}
     with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
         assert read_profile(path, {**KEY, "tp_size": 4}) is None
         assert read_profile(path, {**KEY, "device": "cuda:NVIDIA H200"}) is None
@@ -112,17 +113,78 @@ def test_a_stale_or_corrupt_profile_is_measured_afresh_and_replaced(tmp_path, ca
 
     write_profile(path, {**KEY, "model": "/another"}, {1: {0: 9.0, 1: 9.0}})
     with caplog.at_level(logging.INFO, logger="sglang_kimi"):
-        table, file, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
+        saved, file, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
     assert measured and file == path and sorted(calls) == [(1, 0), (1, 1), (4, 0), (4, 1)]
-    assert table[4][1] == pytest.approx(0.008)
+    assert saved.table[4][1] == pytest.approx(0.008) and saved.measured == {}
     assert any("another setup" in r.getMessage() and "/another" in r.getMessage() for r in caplog.records)
     assert any("profiled batch 4 (2/2 buckets" in r.getMessage() for r in caplog.records)  # progress per bucket
     calls.clear()
-    table, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)  # a restart: reused, not measured
-    assert not measured and not calls and table[4][1] == pytest.approx(0.008)
+    saved, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)  # a restart: reused, not measured
+    assert not measured and not calls and saved.table[4][1] == pytest.approx(0.008)
     path.write_text("{not json")
     _, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
     assert measured and read_profile(path, KEY) is not None
+
+
+def test_the_real_steps_costs_are_saved_and_a_restart_starts_from_them(tmp_path):
+    """A serving server saves its measured cost table into the profile file (at most every ``save_every``
+    seconds); the next start on the same setup reads it back, and the restored cells stand in for the profile
+    until this server's own steps outweigh them."""
+    path = tmp_path / "profile.json"
+    profiled = {1: {0: 0.01, 2: 0.02}, 8: {0: 0.02, 2: 0.05}}
+    saved, _, _ = load_or_measure(str(path), KEY, [1, 8], [0, 2], lambda b, w: profiled[b][w])
+    costs = CostTable()
+    for b, row in saved.table.items():
+        for w, seconds in row.items():
+            costs.set(b, w, seconds)
+    policy = WidthPolicy([0, 2], [1, 8], ChainAcceptance(2), costs, explore_every=4)
+    writes = []
+
+    def save(cells):
+        writes.append(cells)
+        write_profile(path, KEY, saved.table, cells, created=saved.created)
+
+    runtime = AdaptiveRuntime(policy, "test", "cpu", prometheus=False, clock=SteppedClock(), save=save, save_every=0)
+    for _ in range(40):
+        width = runtime.choose(8)
+        start = runtime.start()
+        runtime.clock.now += 3 * profiled[8][width]  # real steps take 3x the profile
+        runtime.finish(start, 8, width, torch.tensor([width] * 8))
+    assert len(writes) == 40 and runtime.snapshot()["profile"]["measured_saved"]
+    on_disk = json.loads(path.read_text())
+    assert on_disk["created"] == saved.created and "updated" in on_disk
+
+    restart, _, measured = load_or_measure(str(path), KEY, [1, 8], [0, 2], lambda b, w: 1 / 0)  # not profiled again
+    assert not measured and restart.table == saved.table
+    assert set(restart.measured) == {8} and restart.measured[8][2][0] == pytest.approx(3 * 0.05)
+    fresh = CostTable()
+    for b, row in restart.table.items():
+        for w, seconds in row.items():
+            fresh.set(b, w, seconds)
+    for b, row in restart.measured.items():
+        for w, (seconds, steps) in row.items():
+            fresh.restore(b, w, seconds, steps)
+    assert fresh.seconds(8, 2) == pytest.approx(0.15) and fresh.seconds(8, 0) == pytest.approx(0.06)
+    assert fresh.calibration(1) == pytest.approx(3.0, rel=0.01)  # bucket 1 never ran: scaled by what bucket 8 saw
+    for _ in range(60):  # the traffic changed after the restart: this server's steps take over
+        fresh.observe(8, 2, 0.10)
+    assert fresh.seconds(8, 2) == pytest.approx(0.10, rel=0.05)
+
+
+def test_a_slow_save_interval_writes_once_per_interval():
+    writes = []
+    runtime = _runtime(save=writes.append, save_every=0.5)
+    for _ in range(50):
+        width = runtime.choose(1)
+        start = runtime.start()
+        runtime.clock.now += cost(1, width)
+        runtime.finish(start, 1, width, torch.tensor([width]))
+    assert writes == []  # nothing before the interval has passed (the test's steps take no wall time)
+    time.sleep(0.6)
+    runtime.drain()  # nothing new folded in since: no write
+    assert writes == []
+    runtime.finish(runtime.start(), 1, 0, torch.tensor([0]))
+    assert len(writes) == 1 and set(writes[0]) == {1}
 
 
 def test_the_default_profile_file_is_one_per_setup(tmp_path, monkeypatch):
@@ -155,13 +217,13 @@ def cost(batch, width):
     return 0.010 + 0.001 * width if batch == 1 else 0.020 + 0.030 * width  # verify grows with tokens at batch 8
 
 
-def _runtime(widths=(0, 1, 2, 3), explore_every=20):
+def _runtime(widths=(0, 1, 2, 3), explore_every=20, **kwargs):
     costs = CostTable()
     for w in widths:
         for b in (1, 8):
             costs.set(b, w, 0.5 * cost(b, w))  # a start-up profile off by 2x: the steps' timings correct it
     policy = WidthPolicy(list(widths), [1, 8], ChainAcceptance(max(widths)), costs, explore_every=explore_every)
-    return AdaptiveRuntime(policy, "test", "cpu", prometheus=False, clock=SteppedClock())
+    return AdaptiveRuntime(policy, "test", "cpu", prometheus=False, clock=SteppedClock(), **kwargs)
 
 
 def test_runtime_learns_from_the_steps_and_logs_each_change_once(caplog):
