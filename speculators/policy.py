@@ -86,6 +86,9 @@ class ChainAcceptance:
         """``a_d``: the chance position d is accepted when the d - 1 before it were."""
         return (self.accepted[d] + self.prior * self.prior_weight) / (self.tried[d] + self.prior_weight)
 
+    def observed(self) -> bool:
+        return self.tried[1] > 0
+
     def expected_tokens(self, width: int) -> float:
         """``E_w``: committed tokens per step at width ``width`` (accepted drafts + the bonus)."""
         total, reach = 1.0, 1.0
@@ -104,8 +107,10 @@ class TreeAcceptance:
     A larger budget never commits fewer tokens in expectation, so the per-width means are pooled into a
     non-decreasing curve (weighted isotonic regression, pool-adjacent-violators): a width whose few samples were
     unlucky borrows from its neighbours instead of losing to a smaller width on noise. A width never observed is
-    estimated from the pooled value of its nearest observed smaller width plus ``optimism`` tokens, so that
-    exploration tries it; before any observation every width is ``1 + optimism``.
+    interpolated between its nearest observed neighbours (width 0 commits 1 token) in ``log(1 + width)`` (a tree's
+    gain per doubling of the budget shrinks), plus ``optimism`` tokens so that exploration tries it, and capped by
+    what it could commit: no more than the next observed width above it, nor than ``1 + width`` (a tree of
+    ``width`` nodes accepts at most ``width`` of them). Before any observation every width is ``1 + optimism``.
     """
 
     def __init__(self, widths: Sequence[int], decay: float = 0.995, optimism: float = 0.5):
@@ -140,6 +145,9 @@ class TreeAcceptance:
                 blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, ws1 + ws2])
         return {w: mean for mean, _, ws in blocks for w in ws}
 
+    def observed(self) -> bool:
+        return bool(self.pooled())
+
     def expected_tokens(self, width: int) -> float:
         if width <= 0:
             return 1.0
@@ -147,8 +155,15 @@ class TreeAcceptance:
         if width in pooled:
             return pooled[width]
         below = [w for w in pooled if w < width]
-        base = pooled[max(below)] if below else 1.0
-        return base + self.optimism
+        above = [w for w in pooled if w > width]
+        a = max(below) if below else 0
+        ea = pooled[a] if below else 1.0
+        if not above:
+            return min(ea + self.optimism, 1.0 + width)
+        b = min(above)
+        eb = pooled[b]
+        between = ea + (eb - ea) * math.log1p(width - a) / math.log1p(b - a)
+        return min(between + self.optimism, eb, 1.0 + width)
 
     def snapshot(self) -> dict[int, float | None]:
         pooled = self.pooled()
@@ -329,6 +344,10 @@ class WidthPolicy:
             # interpolates the rest) before comparing any
             unmeasured = [w for w in self.widths if w not in measured]
             return Decision(unmeasured[0] if not measured else unmeasured[-1], explore=True, changed=False)
+        if not self.acceptance.observed():  # nothing known of the drafter yet: its first steps run the initial
+            # (by default the widest) width, which measures every draft position at once
+            state.last_run[current] = state.steps
+            return Decision(current, explore=False, changed=False)
         best = self.best(bucket)
         changed = False
         if best != current and self.rate(bucket, best) > self.rate(bucket, current) * (1 + self.hysteresis):
