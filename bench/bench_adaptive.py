@@ -1,24 +1,30 @@
 #!/usr/bin/env python
 """Adaptive speculation against every static setting, on real SGLang servers (CPU, the embedded tiny Kimi).
 
-    python bench/bench_adaptive.py               # concurrency 1,2,4,8,16; both drafters + EAGLE3; 2 repeats; ~65 min
-    python bench/bench_adaptive.py --repeats 1   # one run per configuration (~32 min)
-    python bench/bench_adaptive.py --only eagle3 # the EAGLE3 rows alone
+    python bench/bench_adaptive.py               # concurrency 1,2,4,8,16; both drafters + EAGLE3; 3 repeats
+    python bench/bench_adaptive.py --repeats 1   # one run of every configuration and level
+    python bench/bench_adaptive.py --only eagle3 # the EAGLE3 group alone
     python bench/bench_adaptive.py --quick       # concurrency 1,8; matched drafter; chain 2 / tree 16 / adaptive
 
-For the matched DFlash drafter (``tiny-kimi-k2.6-dflash``) and the mismatched one (``tiny-kimi-k2.5-dflash``,
-trained for another checkpoint: ``scripts/make_mismatched_drafter.py``): no speculation; static DFLASH chains of 2
-and 7 drafts; static DDTree budgets 8, 16, 32; and adaptive (``--speculative-kimi-adaptive`` over tree budgets
-0, 1, 2, 4, 8, 16, 32, i.e. no speculation, chains of 1-2 and trees). For EAGLE3 chains (``tiny-kimi-k2.6-eagle3``,
-topk 1): static 3 steps, SGLang's own ``--speculative-adaptive`` (its default candidates 0, 1, 3, 5, 7) and the
-plugin's policy (``--speculative-kimi-adaptive``, steps 0..7). Every level sends the same GSM8K test prompts
-(2 per slot, at least 4; 64 output tokens) through SGLang's own serving benchmark (``sglang-kimi bench``'s sweep).
+Three groups of servers, each against its own non-speculative server (``none``):
+- the matched DFlash drafter (``tiny-kimi-k2.6-dflash``) and the mismatched one (``tiny-kimi-k2.5-dflash``, trained
+  for another checkpoint: ``scripts/make_mismatched_drafter.py``): static DFLASH chains of 2 and 7 drafts, static
+  DDTree budgets 8, 16, 32, and adaptive (``--speculative-kimi-adaptive`` over tree budgets 0, 1, 2, 4, 8, 16, 32,
+  i.e. no speculation, chains of 1-2 and trees);
+- EAGLE3 chains (``tiny-kimi-k2.6-eagle3``, topk 1): static 3 steps, SGLang's own ``--speculative-adaptive`` (its
+  default candidates 0, 1, 3, 5, 7) and the plugin's policy (``--speculative-kimi-adaptive``, steps 0..7).
+Every level sends the same GSM8K test prompts (2 per slot, at least 4; 64 output tokens, one warm-up request)
+through SGLang's own serving benchmark (``sglang-kimi bench``'s level runner).
 
-Every configuration runs ``--repeats`` times, the repeats interleaved (all configurations once, then again), so a
-slow spell of the machine does not land on one configuration; the table shows per level the median output tokens/s
-(and tau), the JSON keeps every run. Each adaptive server profiles its costs at start-up into a fresh file. Prints
-a table, writes ``bench/results/bench_adaptive.json`` and ``bench_adaptive.png`` (output tokens/s by concurrency)
-and checks the targets (reported, never tuned for):
+A group's servers run side by side (idle ones sleep) for the whole group, and the runs are interleaved: for each
+repeat and each level, every configuration runs that level once, in an order rotated from level to level, so a
+slow spell of the machine (a shared 2-core machine drifts by tens of percent over minutes) lands on all the
+configurations of a level alike. The table shows per level the median output tokens/s (and tau) of the repeats;
+the JSON keeps every run in order. Adaptive servers keep what they learned from one run to the next, as a server
+in service does; their first run of each level (the cold start: the policy has only its start-up profile and what
+earlier levels taught it) is reported beside the medians. Each adaptive server profiles its costs at start-up
+into a fresh file. Prints a table, writes ``bench/results/bench_adaptive.json`` and ``bench_adaptive.png`` (output
+tokens/s by concurrency) and checks the targets (reported, never tuned for):
 - adaptive >= 0.95x the best static configuration at every concurrency, for both drafters;
 - adaptive >= 1.10x the best single static configuration (the one with the best geometric mean: what a sweep would
   pick) in the geometric mean over the grid;
@@ -29,12 +35,15 @@ and checks the targets (reported, never tuned for):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,20 +67,55 @@ EAGLE3 = {
 }  # fmt: skip
 
 
-def run_server(name: str, args: list[str], cfg, out_dir: Path) -> list[dict]:
-    from sglang_kimi.evals.bench import sweep
+BENCH_SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "16384"]  # KV for 16 in flight
+
+
+def start_servers(group: str, configs: dict[str, list[str]], out_dir: Path, stack: ExitStack) -> dict:
+    """Every configuration's server, started one after the other (each stopped when ``stack`` closes)."""
     from sglang_kimi.evals.servers import probe
     from sglang_kimi.server import ANY_PORT, ServerProcess, launch_command
 
-    spec = launch_command(["--attention-backend", "kimi_cpu", *args], port=ANY_PORT)
-    server = ServerProcess(spec, out_dir / f"{name}.log")
-    started = time.monotonic()
-    try:
+    servers = {}
+    for name, args in configs.items():
+        if "--speculative-kimi-adaptive" in args:  # a fresh profile per server
+            args = args + ["--speculative-kimi-adaptive-profile", str(out_dir / f"profile-{group}-{name}.json")]
+        server = ServerProcess(
+            launch_command([*BENCH_SERVER_ARGS, *args], port=ANY_PORT), out_dir / f"{group}-{name}.log"
+        )
+        stack.callback(server.stop)
+        started = time.monotonic()
         server.wait_ready(900)
-        print(f"[{name}] ready in {time.monotonic() - started:.0f} s", flush=True)
-        return sweep(probe(server.base_url), cfg, out_dir, name)
-    finally:
-        server.stop()
+        print(f"[{group}/{name}] ready in {time.monotonic() - started:.0f} s", flush=True)
+        servers[name] = probe(server.base_url)
+    return servers
+
+
+def run_order(names: list[str], turn: int) -> list[str]:
+    """The order of the configurations in the ``turn``-th (repeat, level) round: rotated by one each round, so no
+    configuration always runs first (right after another level's load) or last."""
+    shift = turn % len(names)
+    return names[shift:] + names[:shift]
+
+
+def run_group(group: str, configs: dict[str, list[str]], cfg, repeats: int, out_dir: Path) -> dict[str, list]:
+    """{configuration: [[level dict per level] per repeat]}: the servers side by side, runs interleaved (see the
+    module docstring)."""
+    from sglang_kimi.evals.bench import sweep
+
+    names = list(configs)
+    runs: dict[str, list[list[dict]]] = {name: [[] for _ in range(repeats)] for name in names}
+    with ExitStack() as stack:
+        servers = start_servers(group, configs, out_dir, stack)
+        started = time.monotonic()
+        for r in range(repeats):
+            for i, c in enumerate(cfg.concurrency):
+                for name in run_order(names, r * len(cfg.concurrency) + i):
+                    one = dataclasses.replace(cfg, concurrency=[c])
+                    runs[name][r].extend(sweep(servers[name], one, out_dir, f"{group}-{name}-r{r}"))
+                print(
+                    f"  [{group}] repeat {r + 1}/{repeats}, c={c} done ({time.monotonic() - started:.0f} s)", flush=True
+                )
+    return runs
 
 
 def geomean(xs):
@@ -79,18 +123,20 @@ def geomean(xs):
 
 
 def analyse(results: dict, levels: list[int]) -> dict:
-    """Ratios and targets per drafter: adaptive vs the best static per level, vs the best single static, vs none."""
-    none = {lv["concurrency"]: lv["output_throughput"] for lv in results["none"]}
+    """Ratios and targets per drafter: adaptive vs the best static per level, vs the best single static, vs none
+    (each drafter's group against its own non-speculative server)."""
     out = {}
     for drafter, configs in results["drafters"].items():
         tput = {name: {lv["concurrency"]: lv["output_throughput"] for lv in runs} for name, runs in configs.items()}
-        statics = {n: t for n, t in tput.items() if n != "adaptive"} | {"none": none}
+        none = tput["none"]
+        statics = {n: t for n, t in tput.items() if n != "adaptive"}
         adaptive = tput["adaptive"]
         best_static = {c: max(statics, key=lambda n: statics[n][c]) for c in levels}
         single = max(statics, key=lambda n: geomean([statics[n][c] for c in levels]))
         vs_best = {c: adaptive[c] / statics[best_static[c]][c] for c in levels}
         vs_single = geomean([adaptive[c] / statics[single][c] for c in levels])
         vs_none = {c: adaptive[c] / none[c] for c in levels}
+        first = {lv["concurrency"]: lv["output_throughput_runs"][0] for lv in configs["adaptive"]}
         chosen = {lv["concurrency"]: lv.get("chosen_width") for lv in configs["adaptive"]}
         out[drafter] = {
             "best_static_per_level": best_static,
@@ -98,6 +144,8 @@ def analyse(results: dict, levels: list[int]) -> dict:
             "best_single_static": single,
             "adaptive_vs_best_single_geomean": vs_single,
             "adaptive_vs_no_speculation": vs_none,
+            # the adaptive server's first run of each level (cold) against the statics' medians
+            "adaptive_first_run_vs_best_static": {c: first[c] / statics[best_static[c]][c] for c in levels},
             "chosen_width": chosen,
             "targets": {
                 "adaptive >= 0.95x best static at every level": min(vs_best.values()) >= 0.95,
@@ -114,8 +162,7 @@ def table(results: dict, analysis: dict, levels: list[int]) -> str:
         a = analysis[drafter]
         lines.append(f"\n{drafter} drafter: output tokens/s (tau)")
         lines.append("config      " + "".join(f"{'c=' + str(c):>16}" for c in levels))
-        rows = {"none": results["none"], **configs}
-        for name, runs in rows.items():
+        for name, runs in configs.items():
             by = {lv["concurrency"]: lv for lv in runs}
             cells = []
             for c in levels:
@@ -126,6 +173,8 @@ def table(results: dict, analysis: dict, levels: list[int]) -> str:
         lines.append("chosen width" + "".join(f"{str(a['chosen_width'][c]):>16}" for c in levels))
         lines.append("vs best     " + "".join(f"{a['adaptive_vs_best_static'][c]:>15.2f}x" for c in levels))
         lines.append("vs none     " + "".join(f"{a['adaptive_vs_no_speculation'][c]:>15.2f}x" for c in levels))
+        cold = a["adaptive_first_run_vs_best_static"]
+        lines.append("1st vs best " + "".join(f"{cold[c]:>15.2f}x" for c in levels))
         lines.append(
             f"best single static: {a['best_single_static']}; adaptive / it (geomean) "
             f"{a['adaptive_vs_best_single_geomean']:.2f}x"
@@ -146,8 +195,7 @@ def plot(results: dict, levels: list[int], path: Path) -> None:
         panels["EAGLE3 chains"] = results["eagle3"]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (title, configs) in zip(axes[0], panels.items()):
-        rows = {"none": results["none"], **configs}
-        for name, runs in rows.items():
+        for name, runs in configs.items():
             by = {lv["concurrency"]: lv["output_throughput"] for lv in runs}
             bold = name in ("adaptive", "eagle3-kimi-adaptive")
             style = dict(lw=2.5, color="black") if bold else dict(lw=1, ls="--" if name == "none" else "-")
@@ -186,10 +234,10 @@ def analyse_eagle(runs: dict, levels: list[int]) -> dict:
     }
 
 
-def eagle_table(runs: dict, none: list[dict], analysis: dict, levels: list[int]) -> str:
+def eagle_table(runs: dict, analysis: dict, levels: list[int]) -> str:
     lines = ["\nEAGLE3 chains (topk 1): output tokens/s (tau)"]
     lines.append("config                 " + "".join(f"{'c=' + str(c):>16}" for c in levels))
-    for name, r in {"none": none, **runs}.items():
+    for name, r in runs.items():
         by = {lv["concurrency"]: lv for lv in r}
         cells = [
             f"{by[c]['output_throughput']:.1f}" + (f" ({by[c]['tau']:.2f})" if by[c].get("tau") else "") for c in levels
@@ -209,8 +257,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="concurrency 1,8; matched drafter; chain-2, tree-16")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of every configuration, interleaved (median)")
-    ap.add_argument("--only", choices=("dflash", "eagle3"), help="run one half of the grid (with no speculation)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every configuration and level, interleaved")
+    ap.add_argument("--only", choices=("dflash", "eagle3"), help="run one part of the grid")
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_adaptive.json")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -228,51 +276,45 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_adaptive_"))
     print(f"server logs and SGLang's raw results: {work}", flush=True)
 
-    # (row key, server args); row key: ("none",), ("dflash", drafter, name) or ("eagle3", name)
-    grid = [(("none",), [])]
+    groups: dict[str, dict[str, list[str]]] = {}
     if args.only != "eagle3":
         for drafter, path in drafters.items():
             spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(path)]
-            grid += [(("dflash", drafter, name), spec + extra) for name, extra in static.items()]
-            grid.append((("dflash", drafter, "adaptive"), spec + ADAPTIVE))
+            groups[drafter] = {"none": []} | {name: spec + extra for name, extra in static.items()}
+            groups[drafter]["adaptive"] = spec + ADAPTIVE
     if args.only != "dflash" and not args.quick:
         spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(EAGLE3_DRAFTER)]
-        grid += [(("eagle3", name), spec + extra) for name, extra in EAGLE3.items()]
+        groups["eagle3"] = {"none": []} | {name: spec + extra for name, extra in EAGLE3.items()}
     started = time.monotonic()
-    runs: dict[tuple, list[list[dict]]] = {key: [] for key, _ in grid}
-    for r in range(args.repeats):
-        for key, server_args in grid:
-            name = "-".join(key[1:]) or "none"
-            if "--speculative-kimi-adaptive" in server_args:  # a fresh profile per server
-                profile = work / f"profile-{name}-{r}.json"
-                server_args = server_args + ["--speculative-kimi-adaptive-profile", str(profile)]
-            runs[key].append(run_server(f"{name}-r{r}", server_args, cfg, work))
-            print(f"  ({time.monotonic() - started:.0f} s so far, repeat {r + 1}/{args.repeats})", flush=True)
-    folded = {key: median_runs(reps) for key, reps in runs.items()}
+    results: dict = {"drafters": {}, "eagle3": {}}
+    for group, configs in groups.items():
+        runs = run_group(group, configs, cfg, args.repeats, work)
+        folded = {name: median_runs(reps) for name, reps in runs.items()}
+        if group == "eagle3":
+            results["eagle3"] = folded
+        else:
+            results["drafters"][group] = folded
+        print(f"  ({time.monotonic() - started:.0f} s so far)", flush=True)
 
-    results = {"none": folded[("none",)], "drafters": {}, "eagle3": {}}
-    for key, levels_ in folded.items():
-        if key[0] == "dflash":
-            results["drafters"].setdefault(key[1], {})[key[2]] = levels_
-        elif key[0] == "eagle3":
-            results["eagle3"][key[1]] = levels_
     analysis = analyse(results, levels) if results["drafters"] else {}
     if results["drafters"]:
         print(table(results, analysis, levels))
     eagle = None
     if results["eagle3"]:
         eagle = analyse_eagle(results["eagle3"], levels)
-        print(eagle_table(results["eagle3"], results["none"], eagle, levels))
+        print(eagle_table(results["eagle3"], eagle, levels))
     data = {
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
+            "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
         },
         "config": {
             "levels": levels,
             "output_len": args.output_len,
             "repeats": args.repeats,
+            "server_args": BENCH_SERVER_ARGS,
             "static": static,
             "adaptive": ADAPTIVE,
             "eagle3": EAGLE3,

@@ -45,3 +45,37 @@ def test_eagle3_target_compares_the_plugin_with_sglangs_adaptive_per_level(bench
     assert analysis["kimi_vs_sglang_adaptive"] == {1: pytest.approx(1.1), 8: pytest.approx(0.99)}
     assert analysis["chosen_width"] == {1: 3, 8: 1}
     assert list(analysis["targets"].values()) == [False]  # 0.99x at c=8 misses ">= at every level"
+
+
+def test_targets_are_judged_per_drafter_against_its_own_group(bench):
+    def runs(*tputs):
+        return [{**level(c, t, width=16), "output_throughput_runs": [t * 0.9, t]} for c, t in zip((1, 8), tputs)]
+
+    results = {
+        "drafters": {
+            "matched": {
+                "none": runs(10.0, 40.0),
+                "chain-7": runs(30.0, 60.0),  # best at c=1
+                "tree-8": runs(25.0, 80.0),  # best at c=8, and the best single static
+                "adaptive": runs(29.0, 78.0),
+            }
+        }
+    }
+    a = bench.analyse(results, [1, 8])["matched"]
+    assert a["best_static_per_level"] == {1: "chain-7", 8: "tree-8"} and a["best_single_static"] == "tree-8"
+    assert a["adaptive_vs_best_static"] == {1: pytest.approx(29 / 30), 8: pytest.approx(78 / 80)}
+    assert a["adaptive_first_run_vs_best_static"][1] == pytest.approx(0.9 * 29 / 30)
+    assert a["adaptive_vs_best_single_geomean"] == pytest.approx(((29 / 25) * (78 / 80)) ** 0.5)
+    assert a["adaptive_vs_no_speculation"] == {1: pytest.approx(2.9), 8: pytest.approx(1.95)}
+    assert a["targets"] == {
+        "adaptive >= 0.95x best static at every level": True,
+        "adaptive >= 1.10x best single static (geomean)": False,  # 1.06x
+        "adaptive >= 0.95x no speculation at every level": True,
+    }
+
+
+def test_runs_are_interleaved_in_a_rotating_order(bench):
+    names = ["none", "chain-2", "adaptive"]
+    orders = [bench.run_order(names, turn) for turn in range(3)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert [o[0] for o in orders] == names  # each configuration runs first once in three rounds
