@@ -17,7 +17,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
-from sglang_kimi.adaptive.config import AdaptiveConfig
+from sglang_kimi.adaptive.config import AdaptiveConfig, default_buckets
 from sglang_kimi.adaptive.profile import config_digest, device_name, load_or_measure, write_profile
 from sglang_kimi.adaptive.runtime import AdaptiveRuntime, set_current
 from sglang_kimi.speculators.policy import CostTable, WidthPolicy
@@ -47,19 +47,29 @@ def profile_key(server_args, runner, device, mode: str, block: int, widths, buck
 
 
 def start_runtime(
+    worker,
     label: str,
-    acceptance,
+    acceptance_for: Callable[[Sequence[int]], object],
     config: AdaptiveConfig,
     widths: Sequence[int],
-    buckets: Sequence[int],
-    key: dict,
+    key_fields: tuple[str, int],
     step_seconds: Callable[[int, int], float],
-    server_args,
-    device,
+    extra_key: dict | None = None,
 ) -> AdaptiveRuntime:
-    """The profile (read or measured: tensor-parallel ranks measure together, rank 0 reads and writes the file),
-    the policy over it, and the runtime this process reports in ``/server_info``."""
+    """The batch buckets (the configured ones, else powers of two up to the server's max running requests), the
+    profile (read or measured: tensor-parallel ranks measure together, rank 0 reads and writes the file), the
+    policy over it, and the runtime this process reports in ``/server_info``. ``acceptance_for(widths)``: the
+    acceptance estimate; ``key_fields``: (mode, block) of the profile key; ``step_seconds(batch, width)``: one
+    profiled step."""
     from sglang_kimi.options import plugin_args
+
+    server_args, device = worker.server_args, worker.device
+    runner = worker.target_worker.model_runner
+    max_requests = getattr(runner, "max_running_requests", None) or server_args.max_running_requests
+    buckets = config.buckets or default_buckets(max_requests or runner.req_to_token_pool.size)
+    mode, block = key_fields
+    key = profile_key(server_args, runner, device, mode, block, widths, buckets) | (extra_key or {})
+    acceptance = acceptance_for(widths)
 
     tp = get_parallel().tp_group
     share = (lambda value: tp.broadcast_object(value, src=0)) if tp.world_size > 1 else None

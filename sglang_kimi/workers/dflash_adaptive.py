@@ -17,14 +17,13 @@ from types import SimpleNamespace
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_kimi.adaptive.config import default_buckets, load_adaptive_config
+from sglang_kimi.adaptive.config import load_adaptive_config
 from sglang_kimi.adaptive.runtime import AdaptiveRuntime
 from sglang_kimi.speculators.policy import ChainAcceptance, TreeAcceptance
 from sglang_kimi.workers.adaptive_start import (
     dummy_batch,
     fastest,
     plan_dummy_window,
-    profile_key,
     start_runtime,
     verify_forward,
 )
@@ -32,29 +31,18 @@ from sglang_kimi.workers.adaptive_start import (
 
 def start_adaptive(worker, args) -> AdaptiveRuntime:
     config = load_adaptive_config(args.adaptive_config)  # checked at start-up already; re-read in this process
-    widths = tuple(args.adaptive_widths)
-    runner = worker.target_worker.model_runner
-    max_requests = getattr(runner, "max_running_requests", None) or worker.server_args.max_running_requests
-    buckets = config.buckets or default_buckets(max_requests or runner.req_to_token_pool.size)
     chain = worker.tree_budget is None
-    acceptance = (
-        ChainAcceptance(max(widths), decay=config.acceptance_decay)
-        if chain
-        else TreeAcceptance(widths, decay=config.acceptance_decay)
-    )
     mode = "chain" if chain else "tree"
-    key = profile_key(worker.server_args, runner, worker.device, mode, worker.block_size, widths, buckets)
     return start_runtime(
+        worker,
         f"DFLASH {mode}",
-        acceptance,
+        lambda widths: (ChainAcceptance(max(widths), decay=config.acceptance_decay) if chain
+                        else TreeAcceptance(widths, decay=config.acceptance_decay)),
         config,
-        widths,
-        buckets,
-        key,
+        tuple(args.adaptive_widths),
+        (mode, worker.block_size),
         lambda b, w: profile_step(worker, b, w, config.profile_repeats),
-        worker.server_args,
-        worker.device,
-    )
+    )  # fmt: skip
 
 
 @torch.inference_mode()

@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from sglang_kimi.adaptive.config import default_buckets, load_adaptive_config
+from sglang_kimi.adaptive.config import load_adaptive_config
 from sglang_kimi.adaptive.eagle_policy import EagleStepsPolicy
 from sglang_kimi.adaptive.runtime import AdaptiveRuntime, tag_step
 from sglang_kimi.hooks import hook
@@ -39,7 +39,7 @@ def _worker_adaptive(worker) -> bool:
 
 def start_eagle_adaptive(worker) -> AdaptiveRuntime:
     """Profile (or reuse the profile), build the policy, and hand it to SGLang's adaptive controller."""
-    from sglang_kimi.workers.adaptive_start import profile_key, start_runtime  # the model runner's modules
+    from sglang_kimi.workers.adaptive_start import start_runtime  # the model runner's modules
 
     args = plugin_args(worker.server_args)
     config = load_adaptive_config(args.adaptive_config)  # checked at start-up already; re-read in this process
@@ -50,23 +50,18 @@ def start_eagle_adaptive(worker) -> AdaptiveRuntime:
             f"sglang-kimi adaptive EAGLE3: SGLang built states for steps {controller.candidate_steps}, the plugin "
             f"resolved widths {list(widths)}; --speculative-adaptive-config must not be changed by another plugin"
         )
-    runner = worker.target_worker.model_runner
-    max_requests = getattr(runner, "max_running_requests", None) or worker.server_args.max_running_requests
-    buckets = config.buckets or default_buckets(max_requests or runner.req_to_token_pool.size)
-    key = profile_key(worker.server_args, runner, worker.device, "eagle3-chain", 0, widths, buckets)
-    key["step"] = "draft, verify, draft extend"  # what a cell times (earlier files timed the verify only)
     active = int(worker.speculative_num_steps)
     try:
         runtime = start_runtime(
+            worker,
             "EAGLE3 chain",
-            ChainAcceptance(max(widths), decay=config.acceptance_decay),
+            lambda ws: ChainAcceptance(max(ws), decay=config.acceptance_decay),
             config,
             widths,
-            buckets,
-            key,
+            ("eagle3-chain", 0),
             lambda b, w: profile_step(worker, b, w, config.profile_repeats),
-            worker.server_args,
-            worker.device,
+            # what a cell times (earlier files timed the verify only)
+            extra_key={"step": "draft, verify, draft extend"},
         )
     finally:
         controller._activate(active)  # the profile ran each width in its own runtime state
