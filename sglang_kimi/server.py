@@ -207,6 +207,7 @@ def check_port_free(host: str, port: int) -> None:
 ANY_PORT = 0  # launch_command(port=ANY_PORT): a free port, picked again if another process binds it first
 PORT_TAKEN = "address already in use"  # uvicorn's bind error in SGLang's log
 PORT_PICKS = 4  # tries of ANY_PORT before start-up fails
+LEADER_GRACE_S = 1.0  # how long stop() lets SGLang's launcher outlive its workers before killing it
 
 
 _handed_out: set[int] = set()  # ports free_port() gave this process: servers started side by side get distinct ones
@@ -369,14 +370,22 @@ class ServerProcess:
         raise LaunchError(f"SGLang did not become ready within {timeout:.0f} s (log: {self.log_path})")
 
     def stop(self, timeout: float = 20.0, close_log: bool = True) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left of it."""
+        """SIGTERM the process group, then SIGKILL whatever is left of it.
+
+        Once SGLang's workers are gone, its launcher process only sleeps before its crash diagnostics (5 s, for a
+        GPU to settle), which find nothing to report: it is killed after ``LEADER_GRACE_S`` instead."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.pgid, sig)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + timeout
+            workers_gone_at = None
             while time.monotonic() < deadline and group_alive(self.pgid):
+                if group_members(self.pgid) <= {self.proc.pid}:
+                    workers_gone_at = workers_gone_at or time.monotonic()
+                    if time.monotonic() - workers_gone_at > LEADER_GRACE_S:
+                        break
                 try:
                     self.proc.wait(timeout=0.2)
                 except subprocess.TimeoutExpired:
@@ -398,8 +407,9 @@ class ServerProcess:
         self.stop()
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+def group_members(pgid: int) -> set[int]:
+    """The live (non-zombie) processes of process group ``pgid``."""
+    found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -407,22 +417,13 @@ def group_alive(pgid: int) -> bool:
             continue
         state, group = fields[0], int(fields[2])
         if group == pgid and state != "Z":
-            return True
-    return False
-
-
-def sglang_processes() -> set[int]:
-    """The pids of every live SGLang worker process (scheduler, detokenizer, ...) on this machine."""
-    found = set()
-    for comm in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            name = comm.read_text().strip()
-            state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if name.startswith("sglang::") and state != "Z":
-            found.add(int(comm.parent.name))
+            found.add(int(stat.parent.name))
     return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+    return bool(group_members(pgid))
 
 
 def start_server(

@@ -1,18 +1,22 @@
 """Real SGLang on CPU with the plugin: registration seen from the scheduler, endpoints, determinism, shutdown."""
 
+import os
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
+from support.processes import tagged
 
 from sglang_kimi.plugin import REGISTRATIONS
-from sglang_kimi.server import fetch_plugin_state, sglang_processes
+from sglang_kimi.server import fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
 
+DEMO_TAG = "SGLANG_KIMI_TEST_DEMO"  # an environment variable marking the processes of one demo run
 GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"}  # skipped on this CPU, with the reason
 
 PROMPT = (
@@ -107,7 +111,7 @@ def test_logprobs_match_transformers_prefill_and_decode(tiny_server):
 
 
 def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
-    before = set(sglang_processes())
+    tag = f"demo-{uuid.uuid4().hex}"  # inherited by the demo's server and its workers
     out = subprocess.run(
         [
             sys.executable,
@@ -126,6 +130,7 @@ def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, DEMO_TAG: tag},
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     text = out.stdout
@@ -133,4 +138,4 @@ def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
     for entry in REGISTRATIONS:
         assert f"{entry.name}" in text
     assert "NOT LOADED" not in text and "failed" not in text
-    assert set(sglang_processes()) <= before, "the demo left SGLang processes behind"
+    assert not tagged(DEMO_TAG, tag), "the demo left processes behind"

@@ -16,3 +16,19 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def tagged(name: str, value: str) -> set[int]:
+    """The live (non-zombie) pids whose environment has ``name=value``: what one launch started, told apart from
+    the processes of tests running beside it."""
+    entry = f"{name}={value}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+            state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if entry in variables and state != "Z":
+            found.add(int(environ.parent.name))
+    return found

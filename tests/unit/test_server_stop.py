@@ -1,0 +1,73 @@
+"""Stopping a server: the whole process group goes; a launcher left alone once its workers are gone (SGLang's sleeps
+before its crash diagnostics) is killed, one that exits on its own keeps its exit status, and a worker that ignores
+SIGTERM is killed."""
+
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sglang_kimi.server import DEFAULT_HOST, LaunchSpec, ServerProcess, group_alive
+
+# Stands in for SGLang's launcher: starts a worker in its process group, and on SIGTERM waits for the worker, then
+# leaves with status 7: at once ("exit") or after SGLang's 5 s wait before its crash diagnostics ("sleep").
+FAKE_LAUNCHER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    after_workers, worker_ignores_term = sys.argv[1], sys.argv[2] == "1"
+    worker = "import signal, time\\n"
+    if worker_ignores_term:
+        worker += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    worker += "print('worker up', flush=True)\\nwhile True: time.sleep(1)\\n"
+    child = subprocess.Popen([sys.executable, "-c", worker])
+
+    def on_term(signum, frame):
+        child.wait()
+        if after_workers == "sleep":
+            time.sleep(5)
+        sys.exit(7)
+
+    signal.signal(signal.SIGTERM, on_term)
+    print("launcher up", flush=True)
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def started(tmp_path, after_workers: str, worker_ignores_term: bool = False) -> ServerProcess:
+    argv = [sys.executable, "-c", FAKE_LAUNCHER, after_workers, "1" if worker_ignores_term else "0"]
+    spec = LaunchSpec(argv=argv, env={}, host=DEFAULT_HOST, port=1, cpu=True)
+    log = tmp_path / "server.log"
+    server = ServerProcess(spec, log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "launcher up" in text and "worker up" in text:
+            return server
+        time.sleep(0.05)
+    server.stop()
+    pytest.fail("the fake launcher did not start: " + log.read_text())
+
+
+def test_a_launcher_outliving_its_workers_is_killed(tmp_path):
+    server = started(tmp_path, "sleep")
+    server.stop()
+    assert not group_alive(server.pgid)
+    assert server.proc.returncode == -signal.SIGKILL
+
+
+def test_a_launcher_that_exits_after_its_workers_keeps_its_status(tmp_path):
+    server = started(tmp_path, "exit")
+    server.stop()
+    assert not group_alive(server.pgid)
+    assert server.proc.returncode == 7
+
+
+def test_a_worker_ignoring_sigterm_is_killed(tmp_path):
+    server = started(tmp_path, "exit", worker_ignores_term=True)
+    server.stop(timeout=1.0)
+    assert not group_alive(server.pgid)
+    assert server.proc.returncode == -signal.SIGKILL
