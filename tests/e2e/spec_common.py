@@ -28,6 +28,16 @@ TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
 MAX_NEW_TOKENS = 64
+# The tree configurations served by several modules, on one server each for the whole session (shared_tree_server)
+DFLASH_TREE = [
+    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
+    "--speculative-dflash-tree-budget", "32",
+]  # fmt: skip
+EAGLE3_TREE = [
+    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+    "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+]  # fmt: skip
+SHARED_TREES = {"dflash-tree-32": DFLASH_TREE, "eagle3-tree": EAGLE3_TREE}
 
 if str(REPO / "scripts") not in sys.path:
     sys.path.insert(0, str(REPO / "scripts"))  # _drafter_common: the tau benchmark's cached target
@@ -41,6 +51,12 @@ def gsm8k_prompts(limit: int) -> tuple[str, ...]:
     with open(path) as f:
         questions = [json.loads(line)["question"] for line in f if line.strip()][:limit]
     return tuple(f"Question: {q}\nAnswer:" for q in questions)
+
+
+def shared_tree_server(shared_servers, name: str):
+    """The session's server for ``SHARED_TREES[name]`` (with ``--enable-metrics``); its counters include the
+    requests of every module that used it before."""
+    return shared_servers.get(name, KIMI_CPU + ["--enable-metrics"] + SHARED_TREES[name])
 
 
 def generate(

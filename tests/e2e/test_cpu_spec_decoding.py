@@ -23,7 +23,10 @@ import re
 import pytest
 import requests
 from spec_common import (
+    DFLASH_TREE,
+    EAGLE3_TREE,
     KIMI_CPU,
+    SHARED_TREES,
     TRAINED_DFLASH,
     TRAINED_EAGLE3,
     check_greedy_parity,
@@ -32,6 +35,7 @@ from spec_common import (
     gsm8k_prompts,
     reference_tau,
     sampled_pit_pvalue,
+    shared_tree_server,
     spec_metrics,
 )
 from support.servers import launch as launch_server
@@ -70,9 +74,9 @@ def eagle_args(steps: int, topk: int, tokens: int) -> list[str]:
 # name -> (server arguments, the reference loop's method, the chain configuration a tree must beat)
 CONFIGS = {
     "dflash-chain": (DFLASH, {"dflash_tree_budget": None}, None),
-    "dflash-tree-32": (DFLASH + ["--speculative-dflash-tree-budget", "32"], {"dflash_tree_budget": 32}, "dflash-chain"),
+    "dflash-tree-32": (DFLASH_TREE, {"dflash_tree_budget": 32}, "dflash-chain"),
     "eagle3-chain": (EAGLE3 + eagle_args(3, 1, 4), {"eagle": (3, 1, 4)}, None),
-    "eagle3-tree": (EAGLE3 + eagle_args(3, 4, 8), {"eagle": (3, 4, 8)}, "eagle3-chain"),
+    "eagle3-tree": (EAGLE3_TREE, {"eagle": (3, 4, 8)}, "eagle3-chain"),
 }  # fmt: skip
 
 
@@ -81,8 +85,14 @@ def launch(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | N
 
 
 @pytest.fixture(scope="module")
-def spec_server(request, tmp_path_factory):
-    """One speculative server per configuration (the parameter), stopped before the next one starts."""
+def spec_server(request, tmp_path_factory, shared_servers):
+    """One speculative server per configuration (the parameter): the session's for a tree, otherwise stopped
+    before the next one starts."""
+    if request.param in SHARED_TREES:
+        server = shared_tree_server(shared_servers, request.param)
+        server.config = request.param
+        yield server
+        return
     server = launch(tmp_path_factory, request.param, CONFIGS[request.param][0])
     server.config = request.param
     yield server

@@ -1,7 +1,8 @@
 """No request can kill a speculative server: a matrix of bad and unusual requests against a DFLASH-tree server (each
 answered 4xx or validly, the server healthy after every one, greedy parity after all of them), and 200 concurrent
 mixed greedy / sampled requests with clients dropping their streams midway, against DFLASH-tree and EAGLE3-tree
-servers (every greedy output equal to the non-speculative server's)."""
+servers (every greedy output equal to the non-speculative server's). The tree servers are the session's
+(``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8 draft tokens)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, spec_metrics
-from support.servers import launch
+from spec_common import generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
 
-DFLASH_TREE = [
-    *KIMI_CPU,
-    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
-    "--speculative-dflash-tree-budget", "16",
-]  # fmt: skip
-EAGLE3_TREE = [
-    *KIMI_CPU,
-    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
-    "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
-]  # fmt: skip
 VOCAB = 4096
 PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
 
 
 @pytest.fixture(scope="module")
-def tree_server(tmp_path_factory):
-    server = launch(tmp_path_factory, "reliability_dflash_tree", DFLASH_TREE)
-    yield server
-    server.stop()
+def tree_server(shared_servers):
+    return shared_tree_server(shared_servers, "dflash-tree-32")
 
 
 def body(max_new_tokens: int = 8, **sampling) -> dict:
@@ -177,14 +165,9 @@ def greedy_reference(tiny_server, mixed_prompts):
     return [o["output_ids"] for o in generate_all(tiny_server.base_url, mixed_prompts, 8, max_new_tokens=TOKENS)]
 
 
-@pytest.fixture(scope="module", params=["dflash-tree", "eagle3-tree"])
-def spec_server(request, tmp_path_factory, tree_server):
-    if request.param == "dflash-tree":
-        yield tree_server
-        return
-    server = launch(tmp_path_factory, "reliability_eagle3_tree", EAGLE3_TREE)
-    yield server
-    server.stop()
+@pytest.fixture(scope="module", params=["dflash-tree-32", "eagle3-tree"])
+def spec_server(request, shared_servers):
+    return shared_tree_server(shared_servers, request.param)
 
 
 def test_200_concurrent_mixed_requests_with_dropped_streams(spec_server, mixed_prompts, greedy_reference):

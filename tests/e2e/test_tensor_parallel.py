@@ -1,10 +1,11 @@
 """Tensor parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``), and
-the greedy output of autoregressive decoding, DFLASH chains, DFLASH trees (the worker's cross-rank top-K merge) and
-EAGLE3 trees at TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
+the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
+TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
 
 The DFLASH tree server is adaptive (``--speculative-kimi-adaptive``, tree budgets 0..16) with a policy forced to
 switch widths every other step: both ranks must run rank 0's width at every step (their timings differ), and the
-output must not depend on which widths ran."""
+output must not depend on which widths ran. Its budgets 1 and 2 are chains of one and two drafts, and budget 0 is
+the plain verify of the bonus token."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ TOKENS = 32
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
 CONFIGS = {
     "autoregressive": [],
-    "dflash-chain": DFLASH,
     "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
     "eagle3-tree": [
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_kimi.server import ANY_PORT, ServerProcess, launch_command
+from sglang_kimi.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
 
@@ -18,3 +18,25 @@ def launch(tmp_path_factory, name: str, args: list[str] | None = None, env: dict
         server.stop()
         raise
     return server
+
+
+class SharedServers:
+    """Servers that several test modules serve alike, started on first use and stopped at the end of the session
+    (a start-up costs about as much as the tests run on it)."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp_path_factory = tmp_path_factory
+        self._servers: dict[tuple[str, ...], ServerProcess] = {}
+
+    def get(self, name: str, args: list[str]) -> ServerProcess:
+        key = tuple(args)
+        if key not in self._servers:
+            self._servers[key] = launch(self._tmp_path_factory, name, list(args))
+        return self._servers[key]
+
+    def stop_all(self) -> None:
+        servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.stop()
+        left = [server.log_path for server in servers if group_alive(server.pgid)]
+        assert not left, f"servers left processes behind: {left}"
