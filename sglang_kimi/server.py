@@ -372,8 +372,11 @@ class ServerProcess:
     def stop(self, timeout: float = 20.0, close_log: bool = True) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left of it.
 
-        Once SGLang's workers are gone, its launcher process only sleeps before its crash diagnostics (5 s, for a
-        GPU to settle), which find nothing to report: it is killed after ``LEADER_GRACE_S`` instead."""
+        Once SGLang's workers (the group's other processes) are gone, its launcher process only sleeps before its
+        crash diagnostics (5 s, for a GPU to settle), which find nothing to report: it is killed after
+        ``LEADER_GRACE_S`` instead. A leader that had no worker in its group (``sglang-kimi serve``, which runs
+        SGLang in a group of its own and stops it on SIGTERM) is left to exit by itself."""
+        had_workers = bool(group_members(self.pgid) - {self.proc.pid})
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.pgid, sig)
@@ -382,7 +385,7 @@ class ServerProcess:
             deadline = time.monotonic() + timeout
             workers_gone_at = None
             while time.monotonic() < deadline and group_alive(self.pgid):
-                if group_members(self.pgid) <= {self.proc.pid}:
+                if had_workers and group_members(self.pgid) <= {self.proc.pid}:
                     workers_gone_at = workers_gone_at or time.monotonic()
                     if time.monotonic() - workers_gone_at > LEADER_GRACE_S:
                         break

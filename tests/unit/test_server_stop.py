@@ -1,6 +1,6 @@
 """Stopping a server: the whole process group goes; a launcher left alone once its workers are gone (SGLang's sleeps
-before its crash diagnostics) is killed, one that exits on its own keeps its exit status, and a worker that ignores
-SIGTERM is killed."""
+before its crash diagnostics) is killed, one that exits on its own keeps its exit status, one whose worker runs in a
+group of its own (``sglang-kimi serve``) is left to stop it, and a worker that ignores SIGTERM is killed."""
 
 import signal
 import sys
@@ -8,22 +8,26 @@ import textwrap
 import time
 
 import pytest
+from support.processes import children
 
 from sglang_kimi.server import DEFAULT_HOST, LaunchSpec, ServerProcess, group_alive
 
-# Stands in for SGLang's launcher: starts a worker in its process group, and on SIGTERM waits for the worker, then
-# leaves with status 7: at once ("exit") or after SGLang's 5 s wait before its crash diagnostics ("sleep").
+# Stands in for SGLang's launcher: starts a worker in its process group (or in a group of its own, which it stops on
+# SIGTERM, as `sglang-kimi serve` does SGLang's), and on SIGTERM waits for the worker, then leaves with status 7: at
+# once ("exit") or after SGLang's 5 s wait before its crash diagnostics ("sleep").
 FAKE_LAUNCHER = textwrap.dedent(
     """
-    import signal, subprocess, sys, time
-    after_workers, worker_ignores_term = sys.argv[1], sys.argv[2] == "1"
+    import os, signal, subprocess, sys, time
+    after_workers, worker_ignores_term, own_group = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
     worker = "import signal, time\\n"
     if worker_ignores_term:
         worker += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
     worker += "print('worker up', flush=True)\\nwhile True: time.sleep(1)\\n"
-    child = subprocess.Popen([sys.executable, "-c", worker])
+    child = subprocess.Popen([sys.executable, "-c", worker], start_new_session=own_group)
 
     def on_term(signum, frame):
+        if own_group:
+            os.killpg(child.pid, signal.SIGTERM)
         child.wait()
         if after_workers == "sleep":
             time.sleep(5)
@@ -37,8 +41,9 @@ FAKE_LAUNCHER = textwrap.dedent(
 )
 
 
-def started(tmp_path, after_workers: str, worker_ignores_term: bool = False) -> ServerProcess:
-    argv = [sys.executable, "-c", FAKE_LAUNCHER, after_workers, "1" if worker_ignores_term else "0"]
+def started(tmp_path, after_workers: str, worker_ignores_term: bool = False, own_group: bool = False):
+    flags = ["1" if worker_ignores_term else "0", "1" if own_group else "0"]
+    argv = [sys.executable, "-c", FAKE_LAUNCHER, after_workers, *flags]
     spec = LaunchSpec(argv=argv, env={}, host=DEFAULT_HOST, port=1, cpu=True)
     log = tmp_path / "server.log"
     server = ServerProcess(spec, log)
@@ -64,6 +69,14 @@ def test_a_launcher_that_exits_after_its_workers_keeps_its_status(tmp_path):
     server.stop()
     assert not group_alive(server.pgid)
     assert server.proc.returncode == 7
+
+
+def test_a_launcher_whose_worker_has_its_own_group_stops_it(tmp_path):
+    server = started(tmp_path, "sleep", own_group=True)
+    [worker] = children(server.proc.pid)
+    server.stop()
+    assert server.proc.returncode == 7, "the launcher was killed before it stopped its worker"
+    assert not group_alive(server.pgid) and not group_alive(worker)
 
 
 def test_a_worker_ignoring_sigterm_is_killed(tmp_path):
