@@ -384,8 +384,8 @@ class ServerProcess:
                 break
             deadline = time.monotonic() + timeout
             workers_gone_at = None
-            while time.monotonic() < deadline and group_alive(self.pgid):
-                if had_workers and group_members(self.pgid) <= {self.proc.pid}:
+            while time.monotonic() < deadline and (members := group_members(self.pgid)):
+                if had_workers and members <= {self.proc.pid}:
                     workers_gone_at = workers_gone_at or time.monotonic()
                     if time.monotonic() - workers_gone_at > LEADER_GRACE_S:
                         break

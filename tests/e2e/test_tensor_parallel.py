@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from spec_common import KIMI_CPU, TRAINED_DFLASH, TRAINED_EAGLE3, generate_all, gsm8k_prompts, sampled_pit_pvalue
+from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, sampled_pit_pvalue
 from support.servers import launch
 
 from sglang_kimi.server import fetch_plugin_state
@@ -24,10 +24,7 @@ DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
 CONFIGS = {
     "autoregressive": [],
     "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
-    "eagle3-tree": [
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
-    ],
+    "eagle3-tree": EAGLE3_TREE,
 }  # fmt: skip
 
 
