@@ -374,9 +374,10 @@ class ServerProcess:
 
         Once SGLang's workers (the group's other processes) are gone, its launcher process only sleeps before its
         crash diagnostics (5 s, for a GPU to settle), which find nothing to report: it is killed after
-        ``LEADER_GRACE_S`` instead. A leader that had no worker in its group (``sglang-kimi serve``, which runs
-        SGLang in a group of its own and stops it on SIGTERM) is left to exit by itself."""
-        had_workers = bool(group_members(self.pgid) - {self.proc.pid})
+        ``LEADER_GRACE_S`` instead. Its multiprocessing resource tracker is not a worker: it lives as long as the
+        launcher. A leader that had no worker in its group (``sglang-kimi serve``, which runs SGLang in a group of
+        its own and stops it on SIGTERM) is left to exit by itself."""
+        workers = {pid for pid in group_members(self.pgid) - {self.proc.pid} if not _is_resource_tracker(pid)}
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.pgid, sig)
@@ -385,7 +386,7 @@ class ServerProcess:
             deadline = time.monotonic() + timeout
             workers_gone_at = None
             while time.monotonic() < deadline and (members := group_members(self.pgid)):
-                if had_workers and members <= {self.proc.pid}:
+                if workers and not members & workers:
                     workers_gone_at = workers_gone_at or time.monotonic()
                     if time.monotonic() - workers_gone_at > LEADER_GRACE_S:
                         break
@@ -422,6 +423,14 @@ def group_members(pgid: int) -> set[int]:
         if group == pgid and state != "Z":
             found.add(int(stat.parent.name))
     return found
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is a multiprocessing resource tracker (started by, and exiting with, the process using it)."""
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def group_alive(pgid: int) -> bool:

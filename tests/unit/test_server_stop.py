@@ -2,6 +2,7 @@
 before its crash diagnostics) is killed, one that exits on its own keeps its exit status, one whose worker runs in a
 group of its own (``sglang-kimi serve``) is left to stop it, and a worker that ignores SIGTERM is killed."""
 
+import os
 import signal
 import sys
 import textwrap
@@ -10,15 +11,18 @@ import time
 import pytest
 from support.processes import children
 
-from sglang_kimi.server import DEFAULT_HOST, LaunchSpec, ServerProcess, group_alive
+from sglang_kimi.server import DEFAULT_HOST, LaunchSpec, ServerProcess, group_alive, group_members
 
-# Stands in for SGLang's launcher: starts a worker in its process group (or in a group of its own, which it stops on
-# SIGTERM, as `sglang-kimi serve` does SGLang's), and on SIGTERM waits for the worker, then leaves with status 7: at
-# once ("exit") or after SGLang's 5 s wait before its crash diagnostics ("sleep").
+# Stands in for SGLang's launcher: starts multiprocessing's resource tracker (which lives until the launcher exits) and
+# a worker in its process group (or in a group of its own, which it stops on SIGTERM, as `sglang-kimi serve` does
+# SGLang's), and on SIGTERM waits for the worker, then leaves with status 7: at once ("exit") or after SGLang's 5 s
+# wait before its crash diagnostics ("sleep").
 FAKE_LAUNCHER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
+    from multiprocessing import resource_tracker
     after_workers, worker_ignores_term, own_group = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+    resource_tracker.ensure_running()
     worker = "import signal, time\\n"
     if worker_ignores_term:
         worker += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
@@ -59,6 +63,7 @@ def started(tmp_path, after_workers: str, worker_ignores_term: bool = False, own
 
 def test_a_launcher_outliving_its_workers_is_killed(tmp_path):
     server = started(tmp_path, "sleep")
+    assert len(group_members(server.pgid)) == 3, "launcher, resource tracker, worker"
     server.stop()
     assert not group_alive(server.pgid)
     assert server.proc.returncode == -signal.SIGKILL
@@ -73,7 +78,7 @@ def test_a_launcher_that_exits_after_its_workers_keeps_its_status(tmp_path):
 
 def test_a_launcher_whose_worker_has_its_own_group_stops_it(tmp_path):
     server = started(tmp_path, "sleep", own_group=True)
-    [worker] = children(server.proc.pid)
+    [worker] = [pid for pid in children(server.proc.pid) if os.getpgid(pid) != server.pgid]
     server.stop()
     assert server.proc.returncode == 7, "the launcher was killed before it stopped its worker"
     assert not group_alive(server.pgid) and not group_alive(worker)
