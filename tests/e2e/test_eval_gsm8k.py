@@ -1,24 +1,29 @@
 """``sglang-kimi eval gsm8k`` end to end: lm-eval's GSM8K task against real SGLang servers on CPU.
 
-The gate passes for a DFLASH speculative candidate (lossless: greedy generations identical to the baseline's),
-fails (exit 1) against a corrupted copy of the tiny model and refuses (exit 2) to compare two different
-checkpoints. Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens.
+The gate passes for a DFLASH draft-tree candidate (the session's DDTree server: lossless, so greedy generations
+identical to the plain tiny model's), fails (exit 1) against a corrupted copy of the tiny model and refuses (exit 2)
+to compare two different checkpoints (a front end answering what the tiny model's server answers, but for a
+shallower checkpoint written here). Small runs: 8 questions, 2 seeds, 1-shot, 16 new tokens. ``--launch``, which
+only builds the two servers' arguments for the launcher the benchmark's end-to-end test runs, is checked in
+``tests/unit/test_evals_cli.py``.
 """
 
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
+from spec_common import shared_tree_server
 from support.data import GSM8K_DIR
+from support.fake_servers import serve
 
 from sglang_kimi import cli
-from sglang_kimi.server import ANY_PORT, ASSETS_DIR, TINY_MODEL, start_server
+from sglang_kimi.evals.servers import PROBE_TEXT
+from sglang_kimi.server import ANY_PORT, TINY_MODEL, start_server
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = GSM8K_DIR
 LIMIT, SEEDS = 8, 2
 SMALL_RUN = [
@@ -36,12 +41,6 @@ SMALL_RUN = [
     "8",
 ]
 LM_HEAD = "language_model.lm_head.weight"
-# Servers started side by side: SGLang sizes its KV cache from the free host memory measured before and after
-# loading weights, so with the CPU default 0.05 another process allocating more than 5% of free RAM meanwhile makes
-# start-up fail. The KV pool stays capped by --max-total-tokens either way.
-MEM = "--mem-fraction-static 0.3"
-KIMI_CPU = "--attention-backend kimi_cpu"  # the plugin's CPU backend, which serves speculative decoding
-TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 
 
 def corrupted_copy(dst: Path) -> Path:
@@ -78,46 +77,44 @@ def shallower_copy(dst: Path, layers: int = 4) -> Path:
 
 
 @pytest.fixture(scope="module")
-def variant_servers(tmp_path_factory):
-    """``{"corrupted": server, "shallower": server}``, started concurrently."""
-    root = tmp_path_factory.mktemp("variants")
-    paths = {"corrupted": corrupted_copy(root / "corrupted"), "shallower": shallower_copy(root / "shallower")}
+def corrupted_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corrupted")
+    server = start_server(["--model-path", str(corrupted_copy(root / "model"))], port=ANY_PORT,
+                          log_path=root / "server.log", timeout=900)  # fmt: skip
+    yield server
+    server.stop()
 
-    def start(name):
-        args = ["--model-path", str(paths[name]), *MEM.split()]
-        return start_server(args, port=ANY_PORT, log_path=root / f"{name}.log", timeout=900)
 
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(start, name) for name in paths}
-    servers = {}
-    try:
-        for name, future in futures.items():
-            servers[name] = future.result()
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-        for future in futures.values():  # one that failed to start left nothing running (start_server stops it)
-            future.exception()
+def mirrored_payloads(url: str, model_path: str) -> dict:
+    """What the SGLang server at ``url`` answers to the gate's probe, told of ``model_path`` instead of its own."""
+    info = requests.get(url + "/model_info", timeout=60).json()
+    own = info["model_path"]
+    payloads = {
+        ("GET", "/model_info"): info,
+        ("GET", "/server_info"): requests.get(url + "/server_info", timeout=60).json(),
+        ("GET", "/v1/models"): requests.get(url + "/v1/models", timeout=60).json(),
+        ("POST", "/tokenize"): requests.post(url + "/tokenize", json={"prompt": PROBE_TEXT}, timeout=60).json(),
+    }
+    return {
+        key: json.loads(json.dumps(body).replace(json.dumps(own), json.dumps(model_path)))
+        for key, body in payloads.items()
+    }
 
 
 def _report(out_dir: Path) -> tuple[dict, str]:
     return json.loads((out_dir / "gsm8k_gate.json").read_text()), (out_dir / "gsm8k_gate.md").read_text()
 
 
-def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, capsys):
-    """--launch: the tiny model without and with DFLASH speculative decoding (same attention backend)."""
-    drafter = TRAINED_DFLASH
-    dflash = f"--speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
+def test_gate_passes_for_a_dflash_tree_candidate(tiny_server, shared_servers, tmp_path, capsys):
+    candidate = shared_tree_server(shared_servers, "dflash-tree-32")
     code = cli.main(
         [
             "eval",
             "gsm8k",
-            "--launch",
-            "--baseline-args",
-            f"{MEM} {KIMI_CPU}",
-            "--candidate-args",
-            f"{MEM} {KIMI_CPU} {dflash}",
+            "--baseline",
+            tiny_server.base_url,
+            "--candidate",
+            candidate.base_url,
             *SMALL_RUN,
             "--output-dir",
             str(tmp_path),
@@ -148,8 +145,8 @@ def test_gate_passes_for_a_dflash_candidate_launched_by_the_command(tmp_path, ca
     assert "| speculative decoding | none | DFLASH" in md
 
 
-def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, tmp_path, capsys):
-    candidate = variant_servers["corrupted"]
+def test_gate_fails_against_a_corrupted_candidate(tiny_server, corrupted_server, tmp_path, capsys):
+    candidate = corrupted_server
     code = cli.main(
         [
             "eval",
@@ -179,22 +176,24 @@ def test_gate_fails_against_a_corrupted_candidate(tiny_server, variant_servers, 
     assert first["baseline"] != first["candidate"]
 
 
-def test_gate_refuses_two_different_checkpoints(tiny_server, variant_servers, tmp_path, capsys):
-    code = cli.main(
-        [
-            "eval",
-            "gsm8k",
-            "--baseline",
-            tiny_server.base_url,
-            "--candidate",
-            variant_servers["shallower"].base_url,
-            *SMALL_RUN,
-            "--output-dir",
-            str(tmp_path),
-        ]
-    )
+def test_gate_refuses_two_different_checkpoints(tiny_server, tmp_path, capsys):
+    shallower = shallower_copy(tmp_path / "shallower")
+    with serve(mirrored_payloads(tiny_server.base_url, str(shallower))) as candidate:
+        code = cli.main(
+            [
+                "eval",
+                "gsm8k",
+                "--baseline",
+                tiny_server.base_url,
+                "--candidate",
+                candidate,
+                *SMALL_RUN,
+                "--output-dir",
+                str(tmp_path / "out"),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ")
     assert "serve different models" in err[0] and "num_hidden_layers 6 vs 4" in err[0]
-    assert not (tmp_path / "gsm8k_gate.json").exists()
+    assert not (tmp_path / "out" / "gsm8k_gate.json").exists()

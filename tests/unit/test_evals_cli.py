@@ -197,6 +197,34 @@ def test_eval_needs_two_servers_or_launch(capsys):
     assert code == 2 and "eval gsm8k" in _one_error_line(err)
 
 
+def test_eval_launch_starts_both_servers_with_their_own_flags(capsys, data_dir, monkeypatch):
+    """--launch: one launcher call with the model and each server's flags; the gate then probes what it started
+    (here two fronts of different models: refused, and the launched servers are stopped with the stack)."""
+    from sglang_kimi.evals import servers
+
+    launched = {}
+
+    def launch_pair(specs, stack, log_dir, timeout):
+        launched.update(specs=specs, timeout=timeout)
+        a = stack.enter_context(serve(sglang_payloads()))
+        b = stack.enter_context(serve(sglang_payloads(architecture="LlamaForCausalLM")))
+        return {"baseline": a, "candidate": b}
+
+    monkeypatch.setattr(servers, "launch_pair", launch_pair)
+    code, err = _run(
+        capsys, "eval", "gsm8k", "--launch", "--model-path", "/m/kimi", "--baseline-args", "--tp 8",
+        "--candidate-args", "--tp 8 --speculative-algorithm DFLASH --speculative-draft-model-path '/d/my drafter'",
+        "--launch-timeout", "77", "--data-dir", data_dir, "--limit", "2",
+    )  # fmt: skip
+    assert launched["specs"] == {
+        "baseline": ["--model-path", "/m/kimi", "--tp", "8"],
+        "candidate": ["--model-path", "/m/kimi", "--tp", "8", "--speculative-algorithm", "DFLASH",
+                      "--speculative-draft-model-path", "/d/my drafter"],
+    }  # fmt: skip
+    assert launched["timeout"] == 77
+    assert code == 2 and "serve different models" in _one_error_line(err)
+
+
 # -- bench -----------------------------------------------------------------------------------------------
 
 
