@@ -2,11 +2,12 @@
 
 - KV-cache pressure: a KV pool too small for the concurrent requests makes SGLang retract and re-queue requests in
   the middle of speculation; every greedy output still equals the non-speculative server's.
-- SIGTERM to ``sglang-kimi serve`` (after it served the non-speculative greedy output) with requests in flight:
-  each gets a complete answer or a clean error (the connection closes), nothing hangs, ``serve`` exits 130 as for
-  Ctrl-C, and no process is left behind.
-- A drafter that emits NaN logits (a corrupted checkpoint made here): the server keeps serving, its outputs equal
-  the non-speculative ones, tau falls towards 1, and the plugin counts the non-finite draft positions and logs them.
+- A drafter that emits NaN logits (a corrupted checkpoint made here), served by ``sglang-kimi serve`` given only the
+  speculative flags: the server keeps serving, its outputs equal the non-speculative ones, tau falls towards 1, and
+  the plugin counts the non-finite draft positions and logs them.
+- SIGTERM to that ``sglang-kimi serve`` with requests in flight, at the end of its life: each gets a complete answer
+  or a clean error (the connection closes), nothing hangs, ``serve`` exits 130 as for Ctrl-C, and no process is left
+  behind.
 """
 
 from __future__ import annotations
@@ -64,6 +65,52 @@ def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_ser
         assert out["output_ids"] == ref["output_ids"], f"request {i} (retracted {out['meta_info']}) differs"
 
 
+# -- a drafter that emits NaN ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nan_drafter(tmp_path_factory) -> Path:
+    """The trained DFlash drafter with NaN in its context projection: every draft logit is NaN."""
+    path = tmp_path_factory.mktemp("nan_drafter") / "tiny-kimi-k2.6-dflash-nan"
+    shutil.copytree(TRAINED_DFLASH, path)
+    weights = load_file(path / "model.safetensors")
+    weights["fc.weight"] = torch.full_like(weights["fc.weight"], float("nan"))
+    save_file(weights, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    return path
+
+
+@pytest.fixture(scope="module")
+def nan_serve(tmp_path_factory, nan_drafter):
+    """``sglang-kimi serve`` given only the speculative flags and a port: its own CPU defaults (the attention backend
+    included), what a newcomer's first speculative server runs on. The SIGTERM test ends it."""
+    args = [*TREE, "--speculative-draft-model-path", str(nan_drafter)]
+    spec = launch_command(args, port=ANY_PORT)
+    spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", "--port", str(spec.port), *args]
+    server = ServerProcess(spec, tmp_path_factory.mktemp("nan_serve") / "serve.log")
+    try:
+        server.wait_ready(600)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_nan_drafter_costs_acceptance_only(tiny_server, nan_serve):
+    prompts = gsm8k_prompts(4)
+    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=24)
+    outputs = generate_all(nan_serve.base_url, prompts, 2, max_new_tokens=24)
+    metrics = spec_metrics(nan_serve.base_url)
+    assert requests.get(nan_serve.base_url + "/health", timeout=60).status_code == 200
+    log = nan_serve.log_path.read_text(errors="replace")
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        assert out["output_ids"] == ref["output_ids"], f"request {i} differs with a NaN drafter"
+    assert metrics["nonfinite_draft_positions"] > 0 and metrics["nonfinite_draft_steps"] > 0, metrics
+    print(f"NaN drafter: tau {metrics['tau']:.2f}, {metrics['nonfinite_draft_positions']} non-finite draft positions")
+    assert metrics["tau"] < 1.5, f"tau {metrics['tau']:.2f} with blind drafts"
+    assert "the drafter produced non-finite logits" in log
+
+
 # -- SIGTERM with requests in flight --------------------------------------------------------------------------------
 
 IN_FLIGHT = 6
@@ -87,18 +134,12 @@ def stream(url: str, prompt: str, started) -> str:
     return "closed"
 
 
-def test_sigterm_with_requests_in_flight(tmp_path, tiny_server):
+def test_sigterm_with_requests_in_flight(tiny_server, nan_serve):
     """`sglang-kimi serve` serves the non-speculative greedy output, then a SIGTERM with streams in flight: each
     stream complete or cleanly closed, exit code 130 (as for Ctrl-C), no SGLang process left behind."""
-    # `serve` given only the speculative flags and a port: its own CPU defaults (the attention backend included),
-    # what a newcomer's first speculative server runs on
-    args = [*TREE, "--speculative-draft-model-path", str(TRAINED_DFLASH)]
-    spec = launch_command(args, port=ANY_PORT)
-    spec.argv = [str(Path(sys.executable).parent / "sglang-kimi"), "serve", "--port", str(spec.port), *args]
-    server = ServerProcess(spec, tmp_path / "serve.log")
+    server = nan_serve
     prompts = gsm8k_prompts(IN_FLIGHT)
     try:
-        server.wait_ready(600)
         (sglang_group,) = children(server.proc.pid)  # `serve` runs SGLang in a process group of its own
         served = generate_all(server.base_url, prompts[:1], 1, max_new_tokens=32)[0]["output_ids"]
         assert served == generate_all(tiny_server.base_url, prompts[:1], 1, max_new_tokens=32)[0]["output_ids"]
@@ -122,38 +163,3 @@ def test_sigterm_with_requests_in_flight(tmp_path, tiny_server):
         time.sleep(0.5)
     assert not group_alive(sglang_group), "SGLang's processes outlived the SIGTERM"
     assert not group_alive(server.pgid)
-
-
-# -- a drafter that emits NaN ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def nan_drafter(tmp_path_factory) -> Path:
-    """The trained DFlash drafter with NaN in its context projection: every draft logit is NaN."""
-    path = tmp_path_factory.mktemp("nan_drafter") / "tiny-kimi-k2.6-dflash-nan"
-    shutil.copytree(TRAINED_DFLASH, path)
-    weights = load_file(path / "model.safetensors")
-    weights["fc.weight"] = torch.full_like(weights["fc.weight"], float("nan"))
-    save_file(weights, path / "model.safetensors")
-    config = json.loads((path / "config.json").read_text())
-    assert config["architectures"] == ["DFlashDraftModel"]
-    return path
-
-
-def test_a_nan_drafter_costs_acceptance_only(tmp_path_factory, tiny_server, nan_drafter):
-    prompts = gsm8k_prompts(4)
-    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=24)
-    server = launch(tmp_path_factory, "nan_drafter", dflash_tree(nan_drafter))
-    try:
-        outputs = generate_all(server.base_url, prompts, 2, max_new_tokens=24)
-        metrics = spec_metrics(server.base_url)
-        assert requests.get(server.base_url + "/health", timeout=60).status_code == 200
-        log = server.log_path.read_text(errors="replace")
-    finally:
-        server.stop()
-    for i, (out, ref) in enumerate(zip(outputs, reference)):
-        assert out["output_ids"] == ref["output_ids"], f"request {i} differs with a NaN drafter"
-    assert metrics["nonfinite_draft_positions"] > 0 and metrics["nonfinite_draft_steps"] > 0, metrics
-    print(f"NaN drafter: tau {metrics['tau']:.2f}, {metrics['nonfinite_draft_positions']} non-finite draft positions")
-    assert metrics["tau"] < 1.5, f"tau {metrics['tau']:.2f} with blind drafts"
-    assert "the drafter produced non-finite logits" in log
