@@ -1,7 +1,7 @@
 """`sglang-kimi doctor --strict`: the image-build gate names every drifted hook target, signature, unsupported SGLang
-version and missing entry point, with exit code 1; the installed SGLang passes it."""
+version and missing entry point, with exit code 1. That the installed SGLang passes it is checked where the images'
+install script runs it (``test_fresh_install.py``)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -22,15 +22,6 @@ def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tm
         [sys.executable, "-m", "sglang_kimi.cli", "doctor", *args], env=env, capture_output=True, text=True,
         timeout=600, cwd=tmp_path,
     )  # fmt: skip
-
-
-def test_installed_sglang_passes_the_strict_audit(tmp_path):
-    out = _doctor("--strict", "--json", tmp_path=tmp_path)
-    report = json.loads(out.stdout)
-    assert out.returncode == 0, report["problems"]
-    checked = report["audit"]["checked"]
-    assert checked["sglang_names"] >= 25 and checked["hook_signatures"] >= 15 and checked["modules"] >= 20
-    assert report["audit"]["problems"] == []
 
 
 # Drifted environments, each a `sitecustomize` run before SGLang is imported; independent problems share a run (one

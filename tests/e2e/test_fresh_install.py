@@ -119,7 +119,14 @@ def test_install_script_installs_the_wheel_and_passes_the_strict_doctor(install_
     with capsys.disabled():  # shown in CI logs also when the test passes
         print("\n---- docker/install.sh ----\n" + install_output + "---- end of docker/install.sh ----")
     assert f"imported from {site_packages}/sglang_kimi/__init__.py" in install_output
-    assert "strict audit against sglang" in install_output
+    audit = re.search(
+        r"strict audit against sglang \S+: (\d+) SGLang names, (\d+) hook signatures, (\d+) serving modules: "
+        r"0 problem\(s\)",
+        install_output,
+    )
+    assert audit, "no clean strict audit in the output"
+    names, signatures, modules = map(int, audit.groups())
+    assert names >= 25 and signatures >= 15 and modules >= 20, "the audit checked too little"
     assert "no problems found" in install_output
     assert install_output.rstrip().endswith("passes the strict doctor")
 
