@@ -23,3 +23,17 @@ def pytest_collection_modifyitems(config, items):
         layer = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+
+
+@pytest.fixture(scope="session")
+def cpu_sglang_child(request, tmp_path_factory):
+    """The session's CPU SGLang child process, shared by the selected tests that use this fixture: each module
+    defines ``CHILD_ENV``, which selects its own tests in the child (``support.child_process.CpuSglangChild``)."""
+    from support.child_process import CpuSglangChild
+
+    files = {
+        str(Path(str(item.fspath)).resolve()): item.module.CHILD_ENV
+        for item in request.session.items
+        if "cpu_sglang_child" in item.fixturenames
+    }
+    return CpuSglangChild(files, tmp_path_factory.mktemp("cpu_sglang_child"))

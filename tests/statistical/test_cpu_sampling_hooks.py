@@ -7,7 +7,8 @@
 - greedy batches and configurations the lossless rule does not cover go to SGLang's own code.
 
 SGLang's modules need the CPU import shims, so the tests run in a child process with ``SGLANG_USE_CPU_ENGINE=1``
-(a CPU SGLang process) and the shims on ``PYTHONPATH``; in the parent, one test runs the child.
+(a CPU SGLang process, shared with the session's other such files: ``cpu_sglang_child``) and the shims on
+``PYTHONPATH``; in the parent, one test fails with the child's report of them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_SAMPLING_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from support.child_process import run_file_in_child
 
-    def test_lossless_sampling_in_a_cpu_sglang_process():
-        run_file_in_child(__file__, CHILD_ENV, cpu_engine=True)
+    def test_lossless_sampling_in_a_cpu_sglang_process(cpu_sglang_child):
+        cpu_sglang_child.check(__file__)
 
 else:
     from types import SimpleNamespace

@@ -3,7 +3,8 @@ speculative decoding uses, for grouped-query MHA (the drafters) and absorbed MLA
 SGLang's own tree builder (``eagle_utils.build_tree_kernel_efficient``, CPU path) in both of its layouts.
 
 SGLang's modules need the CPU import shims, so the tests run in a child process with ``SGLANG_USE_CPU_ENGINE=1``
-and the shims on ``PYTHONPATH``; in the parent, one test runs the child and fails with its output.
+and the shims on ``PYTHONPATH`` (shared with the session's other such files: ``cpu_sglang_child``); in the
+parent, one test fails with the child's report of them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_BACKEND_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from support.child_process import run_file_in_child
 
-    def test_kimi_cpu_backend_in_a_cpu_sglang_process():
-        run_file_in_child(__file__, CHILD_ENV, cpu_engine=True)
+    def test_kimi_cpu_backend_in_a_cpu_sglang_process(cpu_sglang_child):
+        cpu_sglang_child.check(__file__)
 
 else:
     from types import SimpleNamespace

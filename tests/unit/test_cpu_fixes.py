@@ -2,7 +2,8 @@
 through SGLang's own argument resolution where they act on it.
 
 SGLang's modules need the CPU import shims, so the tests run in a child process with ``SGLANG_USE_CPU_ENGINE=1``
-and the shims on ``PYTHONPATH``; in the parent, one test runs the child and fails with its output.
+and the shims on ``PYTHONPATH`` (shared with the session's other such files: ``cpu_sglang_child``); in the
+parent, one test fails with the child's report of them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_FIXES_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from support.child_process import run_file_in_child
 
-    def test_cpu_fixes_in_a_cpu_sglang_process():
-        run_file_in_child(__file__, CHILD_ENV, cpu_engine=True)
+    def test_cpu_fixes_in_a_cpu_sglang_process(cpu_sglang_child):
+        cpu_sglang_child.check(__file__)
 
 else:
     from types import SimpleNamespace

@@ -17,10 +17,10 @@ import torch
 CHILD_ENV = "SGLANG_KIMI_CPU_OPS_CHILD"
 
 if os.environ.get(CHILD_ENV) != "1":
-    from support.child_process import run_file_in_child
+    from support.child_process import run_file_in_interpreted_child
 
     def test_cpu_ops_match_sglang_triton_kernels():
-        run_file_in_child(__file__, CHILD_ENV, cpu_engine=False)
+        run_file_in_interpreted_child(__file__, CHILD_ENV)
 
 else:
     from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports

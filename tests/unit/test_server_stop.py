@@ -61,31 +61,45 @@ def started(tmp_path, after_workers: str, worker_ignores_term: bool = False, own
     pytest.fail("the fake launcher did not start: " + log.read_text())
 
 
-def test_a_launcher_outliving_its_workers_is_killed(tmp_path):
-    server = started(tmp_path, "sleep")
+@pytest.fixture
+def start(tmp_path):
+    """``started`` for a test, whose fake launchers are all stopped at its end, whatever it asserted."""
+    servers = []
+
+    def _start(*args, **kwargs):
+        servers.append(started(tmp_path, *args, **kwargs))
+        return servers[-1]
+
+    yield _start
+    for server in servers:
+        server.stop(timeout=1.0)
+
+
+def test_a_launcher_outliving_its_workers_is_killed(start):
+    server = start("sleep")
     assert len(group_members(server.pgid)) == 3, "launcher, resource tracker, worker"
     server.stop()
     assert not group_alive(server.pgid)
     assert server.proc.returncode == -signal.SIGKILL
 
 
-def test_a_launcher_that_exits_after_its_workers_keeps_its_status(tmp_path):
-    server = started(tmp_path, "exit")
+def test_a_launcher_that_exits_after_its_workers_keeps_its_status(start):
+    server = start("exit")
     server.stop()
     assert not group_alive(server.pgid)
     assert server.proc.returncode == 7
 
 
-def test_a_launcher_whose_worker_has_its_own_group_stops_it(tmp_path):
-    server = started(tmp_path, "sleep", own_group=True)
+def test_a_launcher_whose_worker_has_its_own_group_stops_it(start):
+    server = start("sleep", own_group=True)
     [worker] = [pid for pid in children(server.proc.pid) if os.getpgid(pid) != server.pgid]
     server.stop()
     assert server.proc.returncode == 7, "the launcher was killed before it stopped its worker"
     assert not group_alive(server.pgid) and not group_alive(worker)
 
 
-def test_a_worker_ignoring_sigterm_is_killed(tmp_path):
-    server = started(tmp_path, "exit", worker_ignores_term=True)
+def test_a_worker_ignoring_sigterm_is_killed(start):
+    server = start("exit", worker_ignores_term=True)
     server.stop(timeout=1.0)
     assert not group_alive(server.pgid)
     assert server.proc.returncode == -signal.SIGKILL
