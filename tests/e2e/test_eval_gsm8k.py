@@ -101,25 +101,20 @@ def mirrored_payloads(url: str, model_path: str) -> dict:
     }
 
 
+def run_gate(baseline: str, candidate: str, out_dir: Path) -> int:
+    """``sglang-kimi eval gsm8k`` (the small run) of ``candidate`` against ``baseline``: its exit code."""
+    return cli.main(
+        ["eval", "gsm8k", "--baseline", baseline, "--candidate", candidate, *SMALL_RUN, "--output-dir", str(out_dir)]
+    )
+
+
 def _report(out_dir: Path) -> tuple[dict, str]:
     return json.loads((out_dir / "gsm8k_gate.json").read_text()), (out_dir / "gsm8k_gate.md").read_text()
 
 
 def test_gate_passes_for_a_dflash_tree_candidate(tiny_server, shared_servers, tmp_path, capsys):
     candidate = shared_tree_server(shared_servers, "dflash-tree-32")
-    code = cli.main(
-        [
-            "eval",
-            "gsm8k",
-            "--baseline",
-            tiny_server.base_url,
-            "--candidate",
-            candidate.base_url,
-            *SMALL_RUN,
-            "--output-dir",
-            str(tmp_path),
-        ]
-    )
+    code = run_gate(tiny_server.base_url, candidate.base_url, tmp_path)
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
@@ -147,19 +142,7 @@ def test_gate_passes_for_a_dflash_tree_candidate(tiny_server, shared_servers, tm
 
 def test_gate_fails_against_a_corrupted_candidate(tiny_server, corrupted_server, tmp_path, capsys):
     candidate = corrupted_server
-    code = cli.main(
-        [
-            "eval",
-            "gsm8k",
-            "--baseline",
-            tiny_server.base_url,
-            "--candidate",
-            candidate.base_url,
-            *SMALL_RUN,
-            "--output-dir",
-            str(tmp_path),
-        ]
-    )
+    code = run_gate(tiny_server.base_url, candidate.base_url, tmp_path)
     out, err = capsys.readouterr()
     assert code == 1, out[-2000:] + err[-2000:]
     data, md = _report(tmp_path)
@@ -179,19 +162,7 @@ def test_gate_fails_against_a_corrupted_candidate(tiny_server, corrupted_server,
 def test_gate_refuses_two_different_checkpoints(tiny_server, tmp_path, capsys):
     shallower = shallower_copy(tmp_path / "shallower")
     with serve(mirrored_payloads(tiny_server.base_url, str(shallower))) as candidate:
-        code = cli.main(
-            [
-                "eval",
-                "gsm8k",
-                "--baseline",
-                tiny_server.base_url,
-                "--candidate",
-                candidate,
-                *SMALL_RUN,
-                "--output-dir",
-                str(tmp_path / "out"),
-            ]
-        )
+        code = run_gate(tiny_server.base_url, candidate, tmp_path / "out")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ")
