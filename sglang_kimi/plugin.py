@@ -155,6 +155,21 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "0-token MoE batch). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints",
     ),
     Entry(
+        "dflash-row-headroom",
+        "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
+        "sglang_kimi.req_to_token:install_dflash_row_headroom",
+        "upstream bug: DFLASH reserves 2 x draft tokens of KV past each request's committed length per decode step, "
+        "but its req_to_token row has only 4 + draft tokens of headroom past the context (widened for UNO and "
+        "pages > 1 only): a request decoding near the context's end writes past its row and the scheduler dies "
+        "(any tree budget above ~4; chains at the last tokens). Widen the row to the reserve for DFLASH too",
+        needs=(
+            "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
+            "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
+            "sglang.srt.mem_cache.allocation_sizing.get_alloc_page_size",
+            "sglang.srt.runtime_context.get_spec",
+        ),
+    ),
+    Entry(
         "kimi-language-model-only",
         "sglang.srt.server_args.ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES",
         "sglang_kimi.models.install:install_language_model_only_arch",

@@ -7,7 +7,13 @@ scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logp
 - the prompt's token ids: an id outside ``[0, vocab_size)`` (or not an integer) reaches the embedding lookup, where it
   is an IndexError on CPU and a device-side assert on a GPU: the scheduler dies and every later request is refused;
 - an empty prompt (no token at all): the MoE forward of a 0-token batch cannot reshape (``moe_forward_native``);
-- ``input_embeds`` rows of the wrong width, which fail inside the model's first layer.
+- ``input_embeds`` rows of the wrong width, which fail inside the model's first layer;
+- a ``top_k`` above 2^31 - 1: the scheduler packs every request's ``top_k`` into an int32 tensor when it builds a
+  batch, and the overflow ends the scheduler (``-1`` and any value up to 2^31 - 1 mean the same as in SGLang);
+- a ``sampling_seed`` outside int64, packed the same way into an int64 tensor;
+- with ``return_logprob``, a ``top_logprobs_num`` above the vocabulary size (``topk`` over the vocabulary fails in
+  the sampler) or below 0, and a ``logprob_start_len`` below -1 (the prompt's log-probability bookkeeping fails an
+  assertion after the forward).
 
 Each is a ``ValueError`` naming the problem, which SGLang's HTTP server answers with status 400 (an error event on a
 streaming request), and the server goes on serving.
@@ -40,6 +46,38 @@ def _check_input_embeds(input_embeds, hidden_size: int) -> None:
             )
 
 
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_sampling_params(params) -> None:
+    if not isinstance(params, dict):
+        return  # SGLang's own parsing refuses it
+    top_k = params.get("top_k")
+    if _is_int(top_k) and top_k > INT32_MAX:
+        raise ValueError(f"top_k is {top_k}: give -1 (the whole vocabulary) or a value from 1 to {INT32_MAX}")
+    seed = params.get("sampling_seed")
+    if _is_int(seed) and not INT64_MIN <= seed <= INT64_MAX:
+        raise ValueError(f"sampling_seed is {seed}: give a 64-bit signed integer")
+
+
+def _check_logprob_options(obj, vocab_size: int) -> None:
+    if not getattr(obj, "return_logprob", False):
+        return  # the scheduler ignores both options then
+    top_n = getattr(obj, "top_logprobs_num", None)
+    if _is_int(top_n) and not 0 <= top_n <= vocab_size:
+        raise ValueError(f"top_logprobs_num is {top_n}: give a count from 0 to the vocabulary size {vocab_size}")
+    start = getattr(obj, "logprob_start_len", None)
+    if _is_int(start) and start < -1:
+        raise ValueError(
+            f"logprob_start_len is {start}: give -1 (log-probabilities of the output only) or a prompt position >= 0"
+        )
+
+
 def _has_multimodal_input(obj) -> bool:
     return any(getattr(obj, name, None) is not None for name in ("image_data", "video_data", "audio_data"))
 
@@ -48,6 +86,8 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     """BEFORE ``_validate_one_request(self, obj, input_ids)``: raises ``ValueError`` for a request the scheduler
     cannot serve; returns None (SGLang's own checks then run unchanged)."""
     config = tokenizer_manager.model_config
+    _check_sampling_params(getattr(obj, "sampling_params", None))
+    _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
     if input_embeds is not None:
         _check_input_embeds(input_embeds, int(config.hidden_size))

@@ -17,6 +17,7 @@ import requests
 from spec_common import generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
 
 VOCAB = 4096
+CONTEXT = 4096  # the tiny model's max_position_embeddings
 PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
 
 
@@ -51,6 +52,21 @@ MATRIX = [
     ("NaN temperature", "/generate", '{"text": "hi", "sampling_params": {"temperature": NaN}}', "4xx"),
     ("top_p 0", "/generate", body(temperature=1.0, top_p=0.0), "4xx"),
     ("top_k 0", "/generate", body(temperature=1.0, top_k=0), "4xx"),
+    ("top_k beyond int32", "/generate", body(temperature=1.0, top_k=2**31), "4xx"),
+    ("sampling seed beyond int64", "/generate", body(temperature=1.0, sampling_seed=2**63), "4xx"),
+    (
+        "top log-probabilities beyond the vocabulary",
+        "/generate",
+        {**body(), "return_logprob": True, "top_logprobs_num": VOCAB + 1},
+        "4xx",
+    ),
+    ("logprob_start_len below -1", "/generate", {**body(), "return_logprob": True, "logprob_start_len": -5}, "4xx"),
+    (
+        "OpenAI completion, top log-probabilities beyond the vocabulary",
+        "/v1/completions",
+        {"model": "m", "prompt": "hi", "max_tokens": 4, "logprobs": VOCAB + 1},
+        "4xx",
+    ),
     ("min_p above 1", "/generate", body(temperature=1.0, min_p=2.0), "4xx"),
     ("max_new_tokens beyond the context", "/generate", body(max_new_tokens=10**9), "4xx"),
     ("malformed JSON", "/generate", "{not json", "4xx"),
@@ -66,6 +82,18 @@ MATRIX = [
     ("OpenAI completion, empty prompt", "/v1/completions", {"model": "m", "prompt": "", "max_tokens": 4}, "4xx"),
     ("OpenAI chat, no messages", "/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 4}, "4xx"),
     ("top_k -1 (no top-k)", "/generate", body(temperature=1.0, top_k=-1), lambda o: len(o["output_ids"]) == 8),
+    (
+        "top_k at int32's maximum",
+        "/generate",
+        body(temperature=1.0, top_k=2**31 - 1),
+        lambda o: len(o["output_ids"]) == 8,
+    ),
+    (
+        "all top log-probabilities",
+        "/generate",
+        {**body(max_new_tokens=2), "return_logprob": True, "top_logprobs_num": VOCAB},
+        lambda o: all(len(row) == VOCAB for row in o["meta_info"]["output_top_logprobs"]),
+    ),
     ("max_new_tokens 0", "/generate", body(max_new_tokens=0), lambda o: o["output_ids"] == []),
     ("huge temperature", "/generate", body(temperature=1e9), lambda o: len(o["output_ids"]) == 8),
     ("n = 2", "/generate", body(n=2, temperature=0.8), lambda o: isinstance(o, list) and len(o) == 2),
@@ -137,6 +165,22 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
         assert serves(url), f"the server does not serve after: {name}"
     after = [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=24)]
     assert after == before, "greedy output after the matrix differs from the non-speculative server's"
+
+
+def test_decoding_up_to_the_end_of_the_context(tree_server, tiny_server):
+    """A request whose decoding runs into the end of the context: the tree's verify window is 33 tokens and each
+    DFLASH step reserves twice that past the committed length, beyond the context. Served (SGLang trims
+    max_new_tokens to what fits), with the non-speculative server's tokens, and the server goes on serving."""
+    prompt = [(7 * i) % (VOCAB - 16) + 5 for i in range(CONTEXT - 96)]
+    payload = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 96, "temperature": 0.0, "ignore_eos": True}}
+    outputs = []
+    for url in (tiny_server.base_url, tree_server.base_url):
+        response = requests.post(url + "/generate", json=payload, timeout=600)
+        assert response.status_code == 200, response.text[:300]
+        outputs.append(response.json()["output_ids"])
+    assert len(outputs[0]) >= 90, "the request should decode to within a few tokens of the context's end"
+    assert outputs[1] == outputs[0]
+    assert serves(tree_server.base_url)
 
 
 # -- 200 concurrent mixed requests, 20 clients dropping their streams --------------------------------------------

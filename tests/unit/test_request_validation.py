@@ -43,3 +43,55 @@ def test_input_embeds_must_have_the_hidden_width():
         validate_request(MANAGER, request(input_embeds=[[0.0] * 4, [1.0] * 3]), None)
     with pytest.raises(ValueError, match="non-empty list of rows"):
         validate_request(MANAGER, request(input_embeds=[]), None)
+
+
+def with_sampling(**params):
+    return request(sampling_params=params)
+
+
+def with_logprobs(**fields):
+    return request(sampling_params={}, return_logprob=True, **fields)
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        (with_sampling(top_k=2**31), "top_k is 2147483648: give -1"),
+        (with_sampling(top_k=10**12), "top_k is 1000000000000"),
+        (with_sampling(sampling_seed=2**63), "sampling_seed is 9223372036854775808: give a 64-bit"),
+        (with_sampling(sampling_seed=-(2**63) - 1), "sampling_seed is -9223372036854775809"),
+        (
+            with_logprobs(top_logprobs_num=101),
+            "top_logprobs_num is 101: give a count from 0 to the vocabulary size 100",
+        ),
+        (with_logprobs(top_logprobs_num=-1), "top_logprobs_num is -1"),
+        (with_logprobs(logprob_start_len=-2), "logprob_start_len is -2: give -1"),
+    ],
+)
+def test_values_that_overflow_the_scheduler_are_refused(obj, message):
+    with pytest.raises(ValueError, match=message):
+        validate_request(MANAGER, obj, [1, 2])
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        with_sampling(top_k=-1),
+        with_sampling(top_k=2**31 - 1),  # beyond the vocabulary: the whole vocabulary, as in SGLang
+        with_sampling(sampling_seed=2**63 - 1),
+        with_sampling(sampling_seed=-(2**63)),
+        with_logprobs(top_logprobs_num=100, logprob_start_len=-1),
+        with_logprobs(top_logprobs_num=0, logprob_start_len=0),
+        # without return_logprob the scheduler ignores both
+        request(sampling_params={}, return_logprob=False, top_logprobs_num=10**6, logprob_start_len=-7),
+        with_sampling(top_k="x"),  # not an integer: left to SGLang's own parsing (its HTTP 400)
+    ],
+)
+def test_values_the_scheduler_serves_pass_through(obj):
+    assert validate_request(MANAGER, obj, [1, 2]) is None
+
+
+def test_input_embeds_requests_get_the_sampling_checks_too():
+    obj = request(input_embeds=[[0.0] * 4], sampling_params={"top_k": 2**40})
+    with pytest.raises(ValueError, match="top_k is"):
+        validate_request(MANAGER, obj, None)
