@@ -151,8 +151,10 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         "sglang_kimi.request_validation:install_request_validation",
         "upstream gap: SGLang checks neither the prompt's token ids against the vocabulary, nor for an empty prompt, "
-        "nor input_embeds' width; each crashes the scheduler (IndexError / device-side assert in the embedding, a "
-        "0-token MoE batch). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints",
+        "nor input_embeds' width, nor top_k / sampling_seed against the int32 / int64 tensors the scheduler packs "
+        "them in, nor top_logprobs_num against the vocabulary, nor logprob_start_len below -1; each crashes the "
+        "scheduler (IndexError / device-side assert in the embedding, a 0-token MoE batch, an overflow, topk out of "
+        "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints",
     ),
     Entry(
         "dflash-row-headroom",
