@@ -63,6 +63,17 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted(set(levels))
 
 
+def check_load(input_len: int | None, output_len: int | None, num_prompts: int | None, warmup: int | None) -> None:
+    """The load flags' values (None: not given), checked before any server starts and again once resolved."""
+    for flag, value in (("--input-len", input_len), ("--output-len", output_len), ("--num-prompts", num_prompts)):
+        if value is not None and value < 1:
+            raise EvalError(f"{flag} {value}: give 1 or more")
+    if output_len is not None and output_len < 2:
+        raise EvalError(f"--output-len {output_len}: TPOT needs at least 2 output tokens")
+    if warmup is not None and warmup < 0:
+        raise EvalError(f"--warmup-requests {warmup}: give 0 or more")
+
+
 def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
     """Flags > preset > device defaults (CPU when the server reports ``device: cpu``)."""
     cpu = server.device == "cpu"
@@ -82,17 +93,7 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
         seed=args.seed,
         cpu=cpu,
     )
-    for flag, value in (
-        ("--input-len", cfg.input_len),
-        ("--output-len", cfg.output_len),
-        ("--num-prompts", cfg.num_prompts or 1),
-    ):
-        if value < 1:
-            raise EvalError(f"{flag} {value}: give 1 or more")
-    if cfg.output_len < 2:
-        raise EvalError(f"--output-len {cfg.output_len}: TPOT needs at least 2 output tokens")
-    if cfg.warmup_requests < 0:
-        raise EvalError(f"--warmup-requests {cfg.warmup_requests}: give 0 or more")
+    check_load(cfg.input_len, cfg.output_len, cfg.num_prompts, cfg.warmup_requests)
     if cfg.dataset == "random" and server.max_model_len and cfg.input_len + cfg.output_len > server.max_model_len:
         raise EvalError(
             f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceed the model's context "
@@ -333,8 +334,12 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     from sglang_kimi.evals import plots
 
     _check_bench_servers(args)
+    # bad flags fail before any server starts
     if args.concurrency:
-        parse_concurrency(args.concurrency)  # bad flags fail before any server starts
+        parse_concurrency(args.concurrency)
+    check_load(args.input_len, args.output_len, args.num_prompts, args.warmup_requests)
+    if args.launch and args.launch_timeout <= 0:
+        raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
     out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if args.launch:

@@ -136,6 +136,9 @@ def _gate_config(args: argparse.Namespace):
         raise EvalError(f"--temperature {args.temperature}: give 0 (greedy) or a positive temperature")
     if args.max_drop < 0 or not 0 < args.alpha < 1:
         raise EvalError("--max-drop must be >= 0 and --alpha in (0, 1)")
+    for flag, seconds in (("--request-timeout", args.request_timeout), ("--launch-timeout", args.launch_timeout)):
+        if seconds <= 0:
+            raise EvalError(f"{flag} {seconds}: give a number of seconds above 0")
     return GateConfig(
         num_fewshot=args.num_fewshot,
         limit=args.limit,

@@ -10,7 +10,7 @@ import argparse
 import signal
 import sys
 
-from sglang_kimi.demo import MODES
+from sglang_kimi.demo import MODES, load_questions
 from sglang_kimi.version import __version__
 
 SERVE_EPILOG = """\
@@ -25,6 +25,26 @@ examples:
   sglang-kimi serve --model-path moonshotai/Kimi-K2.6 --tp 8 --speculative-algorithm DFLASH \\
       --speculative-draft-model-path z-lab/Kimi-K2.6-DFlash --speculative-num-draft-tokens 8
 """
+
+
+def _count(text: str) -> int:
+    """argparse type: an integer of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
+def _port(text: str) -> int:
+    from sglang_kimi.server import LaunchError, port_number
+
+    try:
+        return port_number(text)
+    except LaunchError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--port ")) from None
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -119,9 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         "DFLASH draft trees (DDTree) and EAGLE3 trees, and prints tau, acceptance by draft position, tokens/s and "
         "whether every speculative output equals the autoregressive one. Every server is stopped (also on Ctrl-C).",
     )
-    demo.add_argument("--questions", type=int, default=3, help="how many GSM8K questions to ask (default 3)")
-    demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer (default 96)")
-    demo.add_argument("--port", type=int, default=None, help="server port (default: a free port)")
+    demo.add_argument(
+        "--questions",
+        type=_count,
+        default=3,
+        help=f"how many GSM8K questions to ask, 1 to {len(load_questions())} (default 3)",
+    )
+    demo.add_argument("--max-new-tokens", type=_count, default=96, help="tokens per answer (default 96)")
+    demo.add_argument("--port", type=_port, default=None, help="server port (default: a free port)")
     demo.add_argument(
         "--modes",
         nargs="+",

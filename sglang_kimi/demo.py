@@ -23,6 +23,7 @@ from sglang_kimi.server import (
     ASSETS_DIR,
     TINY_DFLASH,
     TINY_EAGLE3,
+    LaunchError,
     fetch_plugin_state,
     has_gpu,
     require_sglang,
@@ -93,9 +94,12 @@ def ask(base_url: str, question: str, max_new_tokens: int) -> Answer:
     return Answer(question, out["text"].strip(), out["output_ids"], time.perf_counter() - start)
 
 
-def load_questions(n: int) -> list[str]:
-    lines = DEMO_QUESTIONS.read_text().splitlines()
-    return [json.loads(line)["question"] for line in lines[:n]]
+def load_questions(n: int | None = None) -> list[str]:
+    """The first ``n`` demo questions (all of them for None); more than there are is a LaunchError."""
+    questions = [json.loads(line)["question"] for line in DEMO_QUESTIONS.read_text().splitlines() if line.strip()]
+    if n is not None and n > len(questions):
+        raise LaunchError(f"--questions {n}: the demo has {len(questions)} questions, ask for at most that many")
+    return questions[:n]
 
 
 def print_registrations(state: dict) -> None:

@@ -9,6 +9,7 @@ SIGTERM alone can leave SGLang's scheduler and detokenizer behind.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import re
@@ -196,12 +197,53 @@ def check_model_path(model_path: str) -> None:
     raise LaunchError(f"model path {model_path} does not exist: pass --model-path with an existing checkpoint folder")
 
 
+def _addresses(host: str, port: int) -> list[tuple]:
+    """(family, address) of each address ``host`` stands for, as SGLang's server binds them."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        raise LaunchError(
+            f"--host {host} is not an address of this machine: pass --host 127.0.0.1 or 0.0.0.0"
+        ) from None
+    return [(family, address) for family, _, _, _, address in infos]
+
+
+def _bind(family: int, address: tuple) -> socket.socket:
+    """A socket bound as uvicorn binds (SO_REUSEADDR: a port whose last connections linger in TIME_WAIT is free)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise LaunchError(f"--port {text} is not a number: pass --port with a port from 1 to 65535") from None
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"--port {port} is outside 1..65535: pass --port with a port in that range")
+    return port
+
+
 def check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    for family, address in _addresses(host, port):
         try:
-            sock.bind((host, port))
-        except OSError:
-            raise LaunchError(f"port {port} on {host} is already in use: pass --port with a free port") from None
+            _bind(family, address).close()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LaunchError(f"port {port} on {host} is already in use: pass --port with a free port") from None
+            if exc.errno == errno.EACCES:
+                raise LaunchError(f"port {port} needs privileges to bind: pass --port with a port above 1023") from None
+            raise LaunchError(
+                f"cannot listen on {host}:{port} ({exc.strerror}): pass --host with an address of this machine"
+            ) from None
 
 
 ANY_PORT = 0  # launch_command(port=ANY_PORT): a free port, picked again if another process binds it first
@@ -217,10 +259,11 @@ _handed_out_lock = threading.Lock()
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A port free now and not handed out before by this process (the kernel may offer a port again once it is
     released; two servers starting at once on one port would answer each other's health checks)."""
+    family, address = _addresses(host, 0)[0]
     with _handed_out_lock:
         while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind(address)
                 port = sock.getsockname()[1]
             if port not in _handed_out:
                 _handed_out.add(port)
@@ -244,7 +287,8 @@ class LaunchSpec:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"http://{host}:{self.port}"
 
 
 def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int | None = None) -> LaunchSpec:
@@ -269,7 +313,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if any_port:
         port = free_port(host)  # bound and released just now: SGLang's own bind may still lose it (ServerProcess)
     else:
-        port = int(given_port) if given_port else (port or DEFAULT_PORT)
+        port = port_number(given_port) if given_port else (port or DEFAULT_PORT)
         check_port_free(host, port)
     if not given_port:
         args += ["--port", str(port)]
@@ -281,6 +325,8 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
                 args += [flag] if value is None else [flag, value]
     env, shims = sglang_env(cpu)
     tp = _flag_value(args, "--tp") or _flag_value(args, "--tp-size") or _flag_value(args, "--tensor-parallel-size")
+    if tp is not None and not tp.isdigit():
+        raise LaunchError(f"--tp {tp} is not a number: pass --tp with the number of tensor-parallel ranks")
     if cpu and tp is not None and int(tp) > 1 and CPU_THREADS_BIND_ENV not in env:
         env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(int(tp))
     argv = [sys.executable, "-m", "sglang.launch_server", *args]

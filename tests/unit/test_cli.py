@@ -65,6 +65,59 @@ def test_serve_port_in_use(capsys, tmp_path):
     assert f"port {port}" in line and "already in use" in line and "--port" in line
 
 
+def test_serve_port_whose_connections_linger_is_free(capsys, tmp_path):
+    """A port whose last connections are in TIME_WAIT (a server stopped just now) binds for SGLang's server, which
+    sets SO_REUSEADDR (as uvicorn's listener here): the launcher must not call it in use."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end of the connection lingers in TIME_WAIT
+        client.close()
+    server.check_port_free("127.0.0.1", port)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--port", "70000"], "--port 70000 is outside 1..65535"),
+        (["--port", "http"], "--port http is not a number"),
+        (["--host", "no-such-host.invalid"], "--host no-such-host.invalid is not an address of this machine"),
+        (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:"),  # TEST-NET-1: never this machine's
+        (["--tp", "two"], "--tp two is not a number"),
+    ],
+)
+def test_serve_bad_network_and_parallel_flags(capsys, tmp_path, flags, message):
+    (tmp_path / "config.json").write_text("{}")
+    assert cli.main(["serve", "--model-path", str(tmp_path), *flags]) == 2
+    assert message in _error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--questions", "0"], "argument --questions: 0: give 1 or more"),
+        (["--questions", "-1"], "argument --questions: -1: give 1 or more"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: 0: give 1 or more"),
+        (["--port", "0"], "argument --port: 0 is outside 1..65535"),
+    ],
+)
+def test_demo_bad_numbers_are_refused_by_the_parser(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_demo_refuses_more_questions_than_it_has(capsys, monkeypatch):
+    monkeypatch.setattr(server, "sglang_version", lambda: "0.5.23")
+    assert cli.main(["demo", "--questions", "99"]) == 2
+    assert "--questions 99: the demo has 5 questions" in _error_line(capsys)
+
+
 def test_serve_unsupported_sglang_version(capsys, monkeypatch):
     monkeypatch.setattr(server, "sglang_version", lambda: "0.4.9")
     assert cli.main(["serve"]) == 2

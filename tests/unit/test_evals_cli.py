@@ -146,6 +146,7 @@ def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_
         (["--seeds", "a,b"], "--seeds a,b"),
         (["--num-fewshot", "-1"], "--num-fewshot -1"),
         (["--temperature", "-0.5"], "--temperature -0.5"),
+        (["--request-timeout", "0"], "--request-timeout 0: give a number of seconds above 0"),
     ],
 )
 def test_eval_bad_numbers(capsys, extra, message):
@@ -186,6 +187,15 @@ def test_eval_data_dir_without_the_files(capsys, tmp_path):
     )
     assert code == 2
     assert "is not a folder" in _one_error_line(err)
+
+
+def test_eval_launch_timeout_refused_before_the_servers_start(capsys, monkeypatch):
+    from sglang_kimi.evals import servers
+
+    monkeypatch.setattr(servers, "launch_pair", lambda *a, **k: pytest.fail("servers were started"))
+    code, err = _run(capsys, "eval", "gsm8k", "--launch", "--launch-timeout", "-1")
+    assert code == 2
+    assert "--launch-timeout -1.0: give a number of seconds above 0" in _one_error_line(err)
 
 
 def test_eval_needs_two_servers_or_launch(capsys):
@@ -258,6 +268,12 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
         (["--launch", "--baseline-url", "http://127.0.0.1:1", "--baseline-args", ""], "give the baseline once"),
         (["--base-url", "http://127.0.0.1:1", "--server-args", "--tp 2"], "only apply with --launch"),
+        # load flags are refused before a launched server starts (launch_pair would fail this test: no SGLang here)
+        (["--launch", "--output-len", "1"], "--output-len 1: TPOT needs at least 2 output tokens"),
+        (["--launch", "--num-prompts", "0"], "--num-prompts 0: give 1 or more"),
+        (["--launch", "--input-len", "0"], "--input-len 0: give 1 or more"),
+        (["--launch", "--warmup-requests", "-1"], "--warmup-requests -1: give 0 or more"),
+        (["--launch", "--launch-timeout", "0"], "--launch-timeout 0.0: give a number of seconds above 0"),
     ],
 )
 def test_bench_bad_flags(capsys, tmp_path, argv, message):
