@@ -130,7 +130,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.workers.eagle_sampling:install_eagle_sampling",
         "upstream bug: eagle_sample verifies sampled batches greedily on CPU and on ROCm without rejection sampling "
         "(tree_speculative_sampling_target_only is CUDA-only), so EAGLE trees there follow the target's argmax, not "
-        "its distribution; verify them with the plugin's target-only tree rule (Triton on GPU, torch on CPU)",
+        "its distribution; verify them with the plugin's target-only tree rule (Triton on GPU, torch on CPU). "
+        "Also, on every device: eagle_sample adds the step start's penalties to every node and SGLang counts only "
+        "each step's last token; in a penalised batch each node gets the penalties of its own output sequence",
     ),
     Entry(
         "lossless-dflash-sampling",
@@ -145,6 +147,28 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.workers.dflash_sampling:install_dflash_sampling_available",
         "tells the DFLASH worker that sampled verification is available on ROCm and CPU (upstream says no and falls "
         "back to greedy argmax verification there)",
+    ),
+    Entry(
+        "exact-penalties-dflash",
+        "sglang.srt.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
+        "sglang_kimi.workers.penalties:install_dflash_chain",
+        "upstream bug: DFLASH verify skips frequency / presence / repetition penalties and min_new_tokens under the "
+        "overlap scheduler (and applies the step start's additive ones to every position otherwise), so greedy "
+        "outputs differ from non-speculative decoding; in a penalised step, each position gets the penalties of "
+        "its own output sequence (chains here, trees in the plugin's worker)",
+        needs=(
+            "sglang.srt.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
+            "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
+            "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._can_skip_verify_logits",
+            "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._accept_block",
+        ),
+    ),
+    Entry(
+        "exact-penalties-sync",
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.grammar_needs_sync",
+        "sglang_kimi.workers.penalties:install_penalty_sync",
+        "a speculative batch in which a request has a penalty or min_new_tokens runs the scheduler's synchronous "
+        "path (as grammar-constrained ones do), so its exact per-node penalties count the previous step's tokens",
     ),
     Entry(
         "request-validation",

@@ -51,6 +51,7 @@ from sglang_kimi.speculators.ddtree import (
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
-        return self._tree_decode_step(batch, on_publish, grammar_barrier)
+        with verify_penalties(batch):
+            return self._tree_decode_step(batch, on_publish, grammar_barrier)
 
     def _tree_decode_step(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
         draft_input = batch.spec_info
@@ -214,6 +216,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=window
             )
+            apply_exact_penalties(logits, tree)  # a penalised step: each node's own penalties, then the logit bias
         if grammar_tree is not None:
             build_grammar_vocab_mask(
                 reqs=batch.reqs,

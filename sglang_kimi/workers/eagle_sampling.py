@@ -20,6 +20,7 @@ from sglang_kimi.hooks import hook
 from sglang_kimi.options import debug_greedy_verify
 from sglang_kimi.speculators.trees import NO_NODE, DraftTree
 from sglang_kimi.speculators.verify import verify_tree
+from sglang_kimi.workers.penalties import apply_to_eagle_verify
 from sglang_kimi.workers.sampled_batches import (
     broadcast_from_rank0,
     plugin_verifies_sampling,
@@ -65,7 +66,44 @@ def eagle_sample_lossless(
 ):
     """AROUND ``eagle_utils.eagle_sample``: sampled batches on HIP/CPU are verified by the target-only rule over
     ``tree_batch.verify_probs``; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
-    in upstream's conventions (``accept_lens`` counts the bonus)."""
+    in upstream's conventions (``accept_lens`` counts the bonus). In a batch with penalties every node first gets
+    its own (``workers/penalties.py``), whoever verifies."""
+    logits = logits_output.next_token_logits  # [bs * N, V]
+    with apply_to_eagle_verify(batch, logits, lambda: _eagle_trees(verify_input, len(batch.seq_lens))):
+        return _eagle_sample(
+            original,
+            verify_input,
+            batch,
+            logits_output,
+            grammar_mask,
+            uno_target_max_top_k,
+            watermark_state=watermark_state,
+            watermark_full_mask=watermark_full_mask,
+        )
+
+
+def _eagle_trees(verify_input, bs: int) -> DraftTree:
+    """The step's B trees, from SGLang's retrieve arrays (node 0 of each = its root)."""
+    retrieve_index = verify_input.retrieve_index
+    n = verify_input.draft_token_num
+    if not torch.equal(retrieve_index.reshape(-1), torch.arange(bs * n, device=retrieve_index.device)):
+        raise RuntimeError("sglang-kimi: EAGLE's retrieve_index is not b * N + i; the sampled verify cannot map it")
+    depth = verify_input.max_tree_depth - 1  # accept_index holds the root and up to `depth` accepted nodes
+    tokens = verify_input.draft_token.reshape(bs, n)  # [bs, N]: node 0 = the root
+    return DraftTree.from_retrieve(tokens, verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, depth)
+
+
+def _eagle_sample(
+    original,
+    verify_input,
+    batch,
+    logits_output,
+    grammar_mask,
+    uno_target_max_top_k,
+    *,
+    watermark_state,
+    watermark_full_mask,
+):
     if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
         return original(
             verify_input,
@@ -96,12 +134,8 @@ def eagle_sample_lossless(
     if grammar_mask is not None:
         grammar_mask.apply(logits)
 
-    retrieve_index = verify_input.retrieve_index
-    if not torch.equal(retrieve_index.reshape(-1), torch.arange(bs * n, device=retrieve_index.device)):
-        raise RuntimeError("sglang-kimi: EAGLE's retrieve_index is not b * N + i; the sampled verify cannot map it")
-    depth = verify_input.max_tree_depth - 1  # accept_index holds the root and up to `depth` accepted nodes
-    tokens = verify_input.draft_token.reshape(bs, n)  # [bs, N]: node 0 = the root
-    tree = DraftTree.from_retrieve(tokens, verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, depth)
+    tree = _eagle_trees(verify_input, bs)
+    depth = tree.max_depth
     coins = verify_coins(sampling_info, batch.seq_lens, bs, n)
     result = verify_tree(tree, target_probs=verify_probs(logits, sampling_info, n).view(bs, n, -1), coins=coins)
 

@@ -76,7 +76,8 @@ load_plugins()
 sglang_kimi.register()  # a second call in the same process must change nothing
 HookRegistry.apply_hooks()
 hooks = {t: len(HookRegistry._hooks[t]) for t in hooks_module.registered_targets()}
-print("RESULT=" + json.dumps({"state": plugin.registration_state(), "hooks": hooks}))
+ours = {t: len({h.fn for h in hooks_module.HOOKS if h.target == t}) for t in hooks}  # distinct hooks per target
+print("RESULT=" + json.dumps({"state": plugin.registration_state(), "hooks": hooks, "ours": ours}))
 """
 
 PROBE_UNAPPLIED = """
@@ -107,7 +108,8 @@ def test_register_is_idempotent_through_sglang_loader():
     assert state["failed"] == []
     assert set(state["registrations"]) == {e.name for e in plugin.REGISTRATIONS}
     assert {n for n, v in state["registrations"].items() if v != "ok"} == GPU_ONLY_ENTRIES, state
-    assert result["hooks"] and all(n == 1 for n in result["hooks"].values()), result["hooks"]
+    # each hook once in SGLang's registry, however often register() ran (a target may carry two of the plugin's)
+    assert result["hooks"] and result["hooks"] == result["ours"], result
 
 
 def test_hook_sglang_could_not_apply_is_reported_failed():
