@@ -8,6 +8,9 @@
 - tau read from ``/server_info`` is above a floor from the reference decode loop (``speculators.reference``) for
   the same drafter and configuration; a tree's tau is at least its chain's; the plugin's counters count exactly
   the verify steps SGLang reports per request, and Prometheus (``--enable-metrics``) carries the same counters.
+- Penalties (repetition, frequency and presence, min_new_tokens, mixed with a logit bias): every configuration's
+  greedy tokens equal those of SGLang's synchronous non-speculative scheduler, requests with different penalties
+  sharing batches.
 - Concurrency beyond 8 (200 mixed requests, streams dropped) is ``test_reliability.py``'s, on the same trees.
 - Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
   target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -30,6 +34,7 @@ from spec_common import (
     TRAINED_DFLASH,
     TRAINED_EAGLE3,
     check_greedy_parity,
+    generate,
     generate_all,
     greedy_reference,
     gsm8k_prompts,
@@ -140,6 +145,45 @@ def test_greedy_output_equals_non_speculative_and_tau_meets_the_reference(spec_s
         chain_tau = ref_tau(chain, prompts)
         assert expected >= chain_tau, f"reference: the tree's tau {expected:.3f} < its chain's {chain_tau:.3f}"
         assert tau >= TAU_FLOOR * chain_tau, f"tree tau {tau:.3f} below its chain's ({chain_tau:.3f})"
+
+
+# -- penalties ----------------------------------------------------------------------------------------------------
+
+PENALISED_PROMPTS = 4
+PENALTIES = {
+    "repetition": {"repetition_penalty": 1.3},
+    "frequency and presence": {"frequency_penalty": 1.0, "presence_penalty": 0.5},
+    "min_new_tokens": {"min_new_tokens": 12, "stop_token_ids": [220, 13]},  # stop tokens the model emits early
+    "mixed with logit bias": {"repetition_penalty": 1.2, "frequency_penalty": 0.4, "logit_bias": {"15": 2.0}},
+}
+
+
+@pytest.fixture(scope="module")
+def penalised_reference(tmp_path_factory, prompts):
+    """Non-speculative greedy outputs under each penalty, from SGLang's synchronous scheduler: its overlap scheduler
+    (the default) counts every output token one step late for penalties (docs/verification.md)."""
+    server = launch_server(tmp_path_factory, "sync-reference", KIMI_CPU + ["--disable-overlap-schedule"])
+    try:
+        return {
+            name: [o["output_ids"] for o in generate_all(server.base_url, prompts[:PENALISED_PROMPTS], 4, **opts)]
+            for name, opts in PENALTIES.items()
+        }
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_penalised_greedy_output_equals_non_speculative(spec_server, prompts, penalised_reference):
+    """Each draft node is scored with the penalties of its own output sequence: the greedy tokens equal the
+    non-speculative ones, requests with different penalties (and none) sharing batches."""
+    jobs = [(name, i) for name in PENALTIES for i in range(PENALISED_PROMPTS)] + [("none", i) for i in range(4)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outputs = list(
+            pool.map(lambda job: generate(spec_server.base_url, prompts[job[1]], **PENALTIES.get(job[0], {})), jobs)
+        )
+    for (name, i), out in zip(jobs, outputs):
+        if name != "none":
+            assert out["output_ids"] == penalised_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
 
 
 PROMETHEUS_LINE = re.compile(r'^sglang_kimi:spec_accepted_per_position_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')
