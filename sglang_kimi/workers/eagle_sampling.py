@@ -68,52 +68,32 @@ def eagle_sample_lossless(
     ``tree_batch.verify_probs``; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
     in upstream's conventions (``accept_lens`` counts the bonus). In a batch with penalties every node first gets
     its own (``workers/penalties.py``), whoever verifies."""
-    logits = logits_output.next_token_logits  # [bs * N, V]
+    logits = logits_output.next_token_logits  # [bs * N, V], processed in place as upstream does
     with apply_to_eagle_verify(batch, logits, lambda: _eagle_trees(verify_input, len(batch.seq_lens))):
-        return _eagle_sample(
-            original,
-            verify_input,
-            batch,
-            logits_output,
-            grammar_mask,
-            uno_target_max_top_k,
-            watermark_state=watermark_state,
-            watermark_full_mask=watermark_full_mask,
-        )
+        if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
+            return original(
+                verify_input,
+                batch,
+                logits_output,
+                grammar_mask,
+                uno_target_max_top_k,
+                watermark_state=watermark_state,
+                watermark_full_mask=watermark_full_mask,
+            )
+        return _verify_sampled(verify_input, batch, logits, grammar_mask)
 
 
 def _eagle_trees(verify_input, bs: int) -> DraftTree:
-    """The step's B trees, from SGLang's retrieve arrays (node 0 of each = its root)."""
-    retrieve_index = verify_input.retrieve_index
+    """The step's B trees, from SGLang's retrieve arrays (node 0 of each = its root; node i of request b scored by
+    logits row b * N + i)."""
     n = verify_input.draft_token_num
-    if not torch.equal(retrieve_index.reshape(-1), torch.arange(bs * n, device=retrieve_index.device)):
-        raise RuntimeError("sglang-kimi: EAGLE's retrieve_index is not b * N + i; the sampled verify cannot map it")
     depth = verify_input.max_tree_depth - 1  # accept_index holds the root and up to `depth` accepted nodes
     tokens = verify_input.draft_token.reshape(bs, n)  # [bs, N]: node 0 = the root
     return DraftTree.from_retrieve(tokens, verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, depth)
 
 
-def _eagle_sample(
-    original,
-    verify_input,
-    batch,
-    logits_output,
-    grammar_mask,
-    uno_target_max_top_k,
-    *,
-    watermark_state,
-    watermark_full_mask,
-):
-    if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
-        return original(
-            verify_input,
-            batch,
-            logits_output,
-            grammar_mask,
-            uno_target_max_top_k,
-            watermark_state=watermark_state,
-            watermark_full_mask=watermark_full_mask,
-        )
+def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask):
+    """The sampled batch verified by the target-only tree rule, after eagle_sample's logit processing."""
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
     from sglang.srt.utils.async_probe import sanitize_nan_logits
 
@@ -121,7 +101,10 @@ def _eagle_sample(
     bs = len(batch.seq_lens)
     n = verify_input.draft_token_num
     sampling_info = batch.sampling_info
-    logits = logits_output.next_token_logits  # [bs * N, V], processed in place as upstream does
+
+    retrieve_index = verify_input.retrieve_index
+    if not torch.equal(retrieve_index.reshape(-1), torch.arange(bs * n, device=retrieve_index.device)):
+        raise RuntimeError("sglang-kimi: EAGLE's retrieve_index is not b * N + i; the sampled verify cannot map it")
 
     # The logit processing of eagle_sample, step for step.
     sanitize_nan_logits(logits, "verify: target model logits")
