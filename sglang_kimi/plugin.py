@@ -178,7 +178,12 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "nor input_embeds' width, nor top_k / sampling_seed against the int32 / int64 tensors the scheduler packs "
         "them in, nor top_logprobs_num against the vocabulary, nor logprob_start_len below -1; each crashes the "
         "scheduler (IndexError / device-side assert in the embedding, a 0-token MoE batch, an overflow, topk out of "
-        "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints",
+        "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints; "
+        "so are an invalid stop_regex and per-prompt lists of the wrong length (SGLang answers HTTP 500)",
+        needs=(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+            "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+        ),
     ),
     Entry(
         "dflash-row-headroom",

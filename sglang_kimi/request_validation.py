@@ -15,11 +15,18 @@ scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logp
   the sampler) or below 0, and a ``logprob_start_len`` below -1 (the prompt's log-probability bookkeeping fails an
   assertion after the forward).
 
+Two more checks turn what SGLang answers with HTTP 500 (an unhandled exception in the HTTP server) into a 400: a
+``stop_regex`` that does not compile, and, after ``GenerateReqInput.normalize_batch_and_arguments``, per-prompt
+lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-probability options) and a list
+``rid`` on a single prompt.
+
 Each is a ``ValueError`` naming the problem, which SGLang's HTTP server answers with status 400 (an error event on a
 streaming request), and the server goes on serving.
 """
 
 from __future__ import annotations
+
+import re
 
 from sglang_kimi.hooks import hook
 
@@ -63,6 +70,12 @@ def _check_sampling_params(params) -> None:
     seed = params.get("sampling_seed")
     if _is_int(seed) and not INT64_MIN <= seed <= INT64_MAX:
         raise ValueError(f"sampling_seed is {seed}: give a 64-bit signed integer")
+    stop_regex = params.get("stop_regex")
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else stop_regex or ():
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"stop_regex {pattern!r} is not a regular expression ({exc})") from None
 
 
 def _check_logprob_options(obj, vocab_size: int) -> None:
@@ -102,5 +115,37 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     return None
 
 
+# Per-prompt fields of a batched GenerateReqInput that SGLang indexes by prompt once normalized (obj[i]).
+PER_PROMPT_FIELDS = (
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+)
+
+
+def check_normalized_batch(result, obj, *args, **kwargs):
+    """AFTER ``GenerateReqInput.normalize_batch_and_arguments``: a per-prompt list of another length than the batch,
+    or a list ``rid`` on a single prompt, is a ValueError (SGLang indexes past its end: HTTP 500)."""
+    if obj.is_single:
+        if not isinstance(obj.rid, (str, type(None))):
+            raise ValueError("rid of a single prompt must be a string (a list of rids goes with a list of prompts)")
+        return None
+    prompts = obj.batch_size * obj.parallel_sample_num
+    for name in PER_PROMPT_FIELDS:
+        value = getattr(obj, name, None)
+        if isinstance(value, list) and len(value) != prompts:
+            raise ValueError(
+                f"{name} has {len(value)} entries for a batch of {obj.batch_size} prompts: give one per prompt"
+            )
+    return None
+
+
 def install_request_validation(target: str):
     hook(target, validate_request, "BEFORE")
+    hook(
+        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", check_normalized_batch, "AFTER"
+    )

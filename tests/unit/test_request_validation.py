@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi.request_validation import validate_request
+from sglang_kimi.request_validation import PER_PROMPT_FIELDS, check_normalized_batch, validate_request
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100, hidden_size=4))
 
@@ -95,3 +95,44 @@ def test_input_embeds_requests_get_the_sampling_checks_too():
     obj = request(input_embeds=[[0.0] * 4], sampling_params={"top_k": 2**40})
     with pytest.raises(ValueError, match="top_k is"):
         validate_request(MANAGER, obj, None)
+
+
+@pytest.mark.parametrize("stop_regex", ["[", ["ok", "(unclosed"]])
+def test_a_stop_regex_that_does_not_compile_is_refused(stop_regex):
+    with pytest.raises(ValueError, match="stop_regex .* is not a regular expression"):
+        validate_request(MANAGER, with_sampling(stop_regex=stop_regex), [1, 2])
+    assert validate_request(MANAGER, with_sampling(stop_regex=["[0-9]+", "\\n"]), [1, 2]) is None
+
+
+def normalized(batch_size=2, n=1, **fields):
+    """A GenerateReqInput after normalize_batch_and_arguments: batch_size=None for a single prompt."""
+    base = {"rid": None} | {name: None for name in PER_PROMPT_FIELDS}
+    return SimpleNamespace(is_single=batch_size is None, batch_size=batch_size or 1, parallel_sample_num=n,
+                           **(base | fields))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        (normalized(sampling_params=[{}]), "sampling_params has 1 entries for a batch of 2 prompts"),
+        (normalized(top_logprobs_num=[1, 2, 3]), "top_logprobs_num has 3"),
+        (normalized(n=2, sampling_params=[{}, {}]), "sampling_params has 2 entries for a batch of 2 prompts"),
+        (normalized(batch_size=None, rid=["x", "y"]), "rid of a single prompt must be a string"),
+    ],
+)
+def test_per_prompt_lists_must_match_the_batch(obj, message):
+    with pytest.raises(ValueError, match=message):
+        check_normalized_batch(None, obj)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        normalized(sampling_params=[{}, {"temperature": 0.5}], rid=["x", "y"], return_logprob=[True, False]),
+        normalized(n=2, sampling_params=[{}] * 4, token_ids_logprob=[None] * 4),  # parallel sampling: 2 x 2
+        normalized(batch_size=None, rid="x", sampling_params={}),
+        normalized(batch_size=None),
+    ],
+)
+def test_batches_sglang_serves_pass(obj):
+    assert check_normalized_batch(None, obj) is None
