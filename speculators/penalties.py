@@ -14,12 +14,14 @@ node, as SGLang's speculative workers do, is not lossless: a draft that repeats 
 without the penalty that token has earned, and ``min_new_tokens`` stops holding stop tokens back at a different
 position. See ``docs/verification.md``.
 
-Pure PyTorch, batched on the logits' device; the counts are dense ``[B * N, V]`` (only built when a request of the
-batch has a penalty).
+Pure PyTorch, batched on the logits' device, and sparse: only the logits of tokens a node has seen (and of the stop
+tokens it holds back) change, so the work and memory scale with the committed outputs times the tree's slots, not
+with the vocabulary.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -43,28 +45,40 @@ class PenaltyParams:
 def output_counts(outputs: list[list[int]], vocab_size: int, device: torch.device | str) -> torch.Tensor:
     """How often each token occurs among each request's committed outputs: float32 [B, V]."""
     counts = torch.zeros((len(outputs), vocab_size), dtype=torch.float32, device=device)
-    rows = [b for b, tokens in enumerate(outputs) for _ in tokens]
-    if rows:
-        columns = torch.tensor([t for tokens in outputs for t in tokens], dtype=torch.long, device=device)
-        counts.index_put_((torch.tensor(rows, device=device), columns), torch.ones_like(columns, dtype=counts.dtype),
-                          accumulate=True)  # fmt: skip
+    lengths = [len(tokens) for tokens in outputs]
+    if sum(lengths):
+        tokens = torch.tensor(list(itertools.chain.from_iterable(outputs)), dtype=torch.long, device=device)
+        rows = torch.repeat_interleave(torch.arange(len(outputs), device=device), torch.tensor(lengths, device=device))
+        counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=counts.dtype), accumulate=True)
     return counts
 
 
-def node_counts(tree: DraftTree, committed_counts: torch.Tensor) -> torch.Tensor:
-    """The counts each node's prediction sees: the committed outputs' plus the drafted tokens on the path from the
-    root down to the node. committed_counts [B, V] -> [B * N, V] (row b * N + v).
+def node_counts(tree: DraftTree, committed_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens each node's prediction has seen and how often: the committed outputs plus the drafted tokens on
+    the path from the root down to the node. committed_counts [B, V] -> sparse ``(rows, tokens, counts)`` [E]:
+    every (row b * N + v, token) with a count above 0, each once (a dense [B * N, V] would be gigabytes at Kimi's
+    vocabulary and a large batch).
 
-    Example (root r, drafts a = child of r, b = child of a): node a counts {a}, node b counts {a, b}, r nothing."""
+    Example (root r committed once, drafts a = child of r, b = child of a): row r {r: 1}, row a {r: 1, a: 1},
+    row b {r: 1, a: 1, b: 1}."""
     batch, n = tree.tokens.shape
+    vocab = committed_counts.shape[1]
     device = tree.tokens.device
     slots = torch.arange(n, device=device)
+    # the committed outputs, seen by every node of their request
+    b, token = committed_counts.nonzero(as_tuple=True)  # [E]
+    base_rows = (b[:, None] * n + slots[None, :]).reshape(-1)  # [E * N]
+    base_tokens = token[:, None].expand(-1, n).reshape(-1)
+    base_counts = committed_counts[b, token][:, None].expand(-1, n).reshape(-1)
     # [B, N, N]: column u is on row v's path (an ancestor of v or v itself, not the root, not padding)
     on_path = tree.ancestor_mask() & ((slots > 0)[None, None, :] & tree.valid()[:, None, :])
-    b, v, u = on_path.nonzero(as_tuple=True)
-    counts = committed_counts.repeat_interleave(n, dim=0)  # [B * N, V]
-    counts.index_put_((b * n + v, tree.tokens[b, u]), torch.ones_like(b, dtype=counts.dtype), accumulate=True)
-    return counts
+    pb, pv, pu = on_path.nonzero(as_tuple=True)
+    rows = torch.cat([base_rows, pb * n + pv])
+    tokens = torch.cat([base_tokens, tree.tokens[pb, pu]])
+    counts = torch.cat([base_counts, torch.ones(pb.shape[0], dtype=committed_counts.dtype, device=device)])
+    keys, where = torch.unique(rows * vocab + tokens, return_inverse=True)  # one entry per (row, token)
+    summed = torch.zeros(keys.shape[0], dtype=counts.dtype, device=device).index_add_(0, where, counts)
+    return keys // vocab, keys % vocab, summed
 
 
 def apply_penalties(
@@ -77,20 +91,20 @@ def apply_penalties(
     """Apply each node's penalties to ``logits`` [B * N, V] in place (row b * N + v scores node v of request b).
 
     committed_counts [B, V]: :func:`output_counts` of the committed outputs; committed_lens [B]: how many there are
-    (the root is the last of them)."""
-    batch, n = tree.tokens.shape
-    counts = node_counts(tree, committed_counts.to(logits.device))  # [B * N, V]
-    seen = counts > 0
-    per_row = lambda x: x.to(logits.device).repeat_interleave(n)[:, None]  # noqa: E731  [B] -> [B * N, 1]
-    additive = counts * per_row(params.frequency.float()) + seen * per_row(params.presence.float())
-    logits.sub_(additive.to(logits.dtype))
+    (the root is the last of them). Only the seen tokens' logits and the held-back stop tokens change."""
+    n = tree.num_slots
+    device = logits.device
+    rows, tokens, counts = node_counts(tree, committed_counts.to(device))  # [E]
+    request = rows // n
+    frequency, presence = params.frequency.to(device).float(), params.presence.to(device).float()
+    repetition = params.repetition.to(device).float()
+    values = logits[rows, tokens].float() - (counts * frequency[request] + presence[request])  # additive
+    scale = repetition[request]
+    logits[rows, tokens] = torch.where(values < 0, values * scale, values / scale).to(logits.dtype)  # scaling
 
     # min_new_tokens: node v predicts output number committed_len + depth(v); stop tokens wait until it is reached
-    produced = committed_lens.to(logits.device)[:, None] + tree.depths  # [B, N]
-    holding = (produced < params.min_new_tokens.to(logits.device)[:, None]).reshape(-1)  # [B * N]
-    stops = params.stop_tokens.to(logits.device).repeat_interleave(n, dim=0)  # [B * N, S]
+    produced = committed_lens.to(device)[:, None] + tree.depths  # [B, N]
+    holding = (produced < params.min_new_tokens.to(device)[:, None]).reshape(-1)  # [B * N]
+    stops = params.stop_tokens.to(device).repeat_interleave(n, dim=0)  # [B * N, S]
     row, slot = (holding[:, None] & (stops != NO_STOP_TOKEN)).nonzero(as_tuple=True)
-    logits[row, stops[row, slot]] = float("-inf")
-
-    scale = torch.where(seen, per_row(params.repetition.float()), 1.0).to(logits.dtype)
-    logits.copy_(torch.where(logits < 0, logits * scale, logits / scale))
+    logits[row, stops[row, slot]] = float("-inf")  # -inf whatever the scaling: the order does not matter here

@@ -85,18 +85,34 @@ def test_every_node_gets_the_penalties_of_its_own_output_sequence(seed):
             torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=1e-5)  # float32 vs float64
 
 
+def dense_node_counts(tree: DraftTree, committed_counts: torch.Tensor) -> torch.Tensor:
+    """node_counts' sparse (row, token, count) entries as [B * N, V]; each (row, token) at most once."""
+    rows, tokens, counts = node_counts(tree, committed_counts)
+    assert len(set(zip(rows.tolist(), tokens.tolist()))) == rows.shape[0] and bool((counts > 0).all())
+    dense = torch.zeros((tree.tokens.numel(), committed_counts.shape[1]))
+    dense[rows, tokens] = counts
+    return dense
+
+
 def test_a_draft_repeating_the_token_above_it_counts_it():
     """Root r (committed, once), then a chain a, a: node 1 (after one a) and node 2 (after a, a)."""
     chain = build_chain(torch.tensor([5]), torch.tensor([[3, 3]]))
-    counts = node_counts(chain, output_counts([[5]], VOCAB, "cpu"))  # [3, V]
+    counts = dense_node_counts(chain, output_counts([[5]], VOCAB, "cpu"))  # [3, V]
     assert counts[:, 5].tolist() == [1, 1, 1]  # the committed root, seen by every node
     assert counts[:, 3].tolist() == [0, 1, 2]
+    assert counts.sum().item() == 6
 
 
 def test_padding_slots_count_nothing():
     tree = DraftTree.from_parents(torch.tensor([[5, 3, 4, 0]]), torch.tensor([[-1, 0, 1, -1]]), torch.tensor([3]))
-    counts = node_counts(tree, torch.zeros((1, VOCAB)))
+    counts = dense_node_counts(tree, torch.zeros((1, VOCAB)))
     assert counts.sum(dim=1).tolist() == [0, 1, 2, 0]
+
+
+def test_committed_counts_of_several_requests():
+    counts = output_counts([[1, 1, 4], [], [2]], VOCAB, "cpu")
+    assert counts[0, 1] == 2 and counts[0, 4] == 1 and counts[1].sum() == 0 and counts[2, 2] == 1
+    assert counts.sum() == 4
 
 
 def test_min_new_tokens_releases_stop_tokens_at_the_right_depth():
