@@ -159,7 +159,6 @@ REGISTRATIONS: tuple[Entry, ...] = (
         needs=(
             "sglang.srt.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
-            "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._can_skip_verify_logits",
             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._accept_block",
         ),
     ),
