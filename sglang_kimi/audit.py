@@ -36,10 +36,12 @@ _LEADING = {"AROUND": 1, "AFTER": 1, "BEFORE": 0, "REPLACE": 0}
 
 def unresolved_names() -> list[str]:
     """One problem per SGLang name a table entry needs that the installed SGLang does not have."""
-    from sglang_kimi.plugin import REGISTRATIONS
+    from sglang_kimi.plugin import REGISTRATIONS, installed_sglang_has
 
     problems = []
     for entry in REGISTRATIONS:
+        if not installed_sglang_has(entry):
+            continue  # skipped on this release (Entry.since): start-up refuses what needs it
         for name in entry.sglang_names():
             try:
                 pkgutil.resolve_name(name)

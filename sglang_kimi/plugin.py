@@ -31,6 +31,8 @@ class Entry:
     when: str = ALWAYS
     # Dotted SGLang names the entry needs, checked by `sglang-kimi doctor --strict`; None: the target itself.
     needs: tuple[str, ...] | None = None
+    # The first SGLang release that has what the entry needs: older releases skip it (and the audit its names).
+    since: tuple[int, int, int] | None = None
 
     def sglang_names(self) -> tuple[str, ...]:
         return (self.target,) if self.needs is None else self.needs
@@ -305,6 +307,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator.bind_runner_slots",
             "sglang.srt.environ.envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND",
         ),
+        since=(0, 5, 22),  # the profile binds its dummy batches with KVIndexTranslator.bind_runner_slots
     ),
     Entry(
         "eagle-adaptive-step-timing",
@@ -342,10 +345,23 @@ STATUS: dict[str, str] = {}
 _registered = False
 
 
-def _applies(entry: Entry) -> bool:
-    if entry.when == CPU_ONLY:
-        return os.environ.get("SGLANG_USE_CPU_ENGINE", "0").lower() in ("1", "true")
-    return True
+def _skip_reason(entry: Entry) -> str | None:
+    """Why ``entry`` does not apply in this process (None when it does)."""
+    if entry.when == CPU_ONLY and os.environ.get("SGLANG_USE_CPU_ENGINE", "0").lower() not in ("1", "true"):
+        return f"only when {entry.when}"
+    if not installed_sglang_has(entry):
+        return f"needs SGLang {'.'.join(map(str, entry.since))} or later"
+    return None
+
+
+def installed_sglang_has(entry: Entry) -> bool:
+    """Whether the installed SGLang is at least the release ``entry`` needs (``Entry.since``)."""
+    if entry.since is None:
+        return True
+    from packaging.version import Version
+    from sglang.version import __version__ as sglang_version
+
+    return Version(sglang_version).release[:3] >= entry.since
 
 
 def _load(dotted: str):
@@ -360,8 +376,9 @@ def register_all() -> None:
         return
     _registered = True
     for entry in REGISTRATIONS:
-        if not _applies(entry):
-            STATUS[entry.name] = f"skipped: only when {entry.when}"
+        skip = _skip_reason(entry)
+        if skip:
+            STATUS[entry.name] = f"skipped: {skip}"
             continue
         try:
             skipped = _load(entry.install)(entry.target)

@@ -100,6 +100,12 @@ def _check_adaptive(cfg, algorithm: str | None, args):
 def _check_adaptive_eagle(cfg) -> None:
     """Adaptive EAGLE3 runs SGLang's adaptive runtime (one state per step count, chains only) with the plugin's
     policy; the candidate steps come from the plugin's settings."""
+    ok, sglang_version = _sglang_at_least((0, 5, 22))
+    if not ok:  # the plugin's policy profiles SGLang's runtime states over KVIndexTranslator.bind_runner_slots
+        raise SpeculativeConfigError(
+            f"{ADAPTIVE_FLAG} with EAGLE3 needs SGLang 0.5.22 or later; the installed SGLang is {sglang_version}: "
+            f"upgrade SGLang, or drop {ADAPTIVE_FLAG}"
+        )
     if cfg.speculative_eagle_topk not in (None, 1):
         raise SpeculativeConfigError(
             f"{ADAPTIVE_FLAG} with EAGLE3 adapts chains (--speculative-eagle-topk 1): SGLang's adaptive runtime "

@@ -320,3 +320,29 @@ def test_eagle_steps_policy_drives_sglangs_adaptive_controller():
     assert snap["buckets"]["1"]["width"] == 2 and snap["buckets"]["8"]["width"] == 0
     assert sum(snap["steps_by_width"].values()) == 600
     assert worker.switches >= 2
+
+
+@pytest.mark.parametrize("release, refused", [("0.5.21", True), ("0.5.22", False), ("0.5.23.post1", False)])
+def test_adaptive_eagle3_needs_sglang_0_5_22(monkeypatch, release, refused):
+    """Its policy profiles SGLang's runtime states with KVIndexTranslator.bind_runner_slots (0.5.22 on): an older
+    SGLang is refused at start-up, naming both releases, instead of failing in the profile."""
+    from types import SimpleNamespace
+
+    import sglang.version
+
+    from sglang_kimi import validation
+
+    monkeypatch.setattr(sglang.version, "__version__", release)
+    cfg = SimpleNamespace(
+        speculative_eagle_topk=1,
+        speculative_adaptive_config=None,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+    )
+    if refused:
+        with pytest.raises(
+            SpeculativeConfigError, match=f"needs SGLang 0.5.22 or later; the installed SGLang is {release}"
+        ):
+            validation._check_adaptive_eagle(cfg)
+    else:
+        validation._check_adaptive_eagle(cfg)
