@@ -164,7 +164,11 @@ def _dflash_adjustments(original, *args, next_token_logits, sampling_info, draft
         )
     with _without_penalties(sampling_info) as step.bias:
         return original(
-            *args, next_token_logits=next_token_logits, sampling_info=sampling_info, draft_token_num=draft_token_num
+            *args,
+            next_token_logits=next_token_logits,
+            sampling_info=sampling_info,
+            draft_token_num=draft_token_num,
+            **kwargs,
         )
 
 
