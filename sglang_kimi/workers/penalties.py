@@ -153,16 +153,10 @@ def _add_bias(logits: torch.Tensor, bias: torch.Tensor | None, num_slots: int) -
 def _dflash_adjustments(original, *args, next_token_logits, sampling_info, draft_token_num, **kwargs):
     """AROUND ``dflash_utils.apply_dflash_verify_logits_adjustments``: in a penalised step, everything but the
     penalties and the bias (custom logit processors); the bias is kept for :func:`apply_exact_penalties`."""
-    step = _STEP.get()
-    if step is None or sampling_info is None:
-        return original(
-            *args,
-            next_token_logits=next_token_logits,
-            sampling_info=sampling_info,
-            draft_token_num=draft_token_num,
-            **kwargs,
-        )
-    with _without_penalties(sampling_info) as step.bias:
+    step = _STEP.get() if sampling_info is not None else None
+    with _without_penalties(sampling_info) if step is not None else contextlib.nullcontext() as bias:
+        if step is not None:
+            step.bias = bias
         return original(
             *args,
             next_token_logits=next_token_logits,
