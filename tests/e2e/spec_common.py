@@ -247,15 +247,14 @@ def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
     return values, outside
 
 
-def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p: float) -> tuple[float, float, int]:
-    """Sample ``requests_`` continuations of ``tokens`` tokens (temperature 1, top-p) and test every emitted token
-    against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
-    argmax tokens at the same positions, tokens outside the support)."""
+def _sampled_with_conditionals(url: str, prompt: str, requests_: int, tokens: int, top_p: float, **sampling):
+    """``requests_`` sampled continuations of ``tokens`` tokens (temperature 1, top-p, ``sampling``) and
+    transformers' logits of the conditional of each emitted token: (outputs [R][K], logits [R, K, V])."""
     model, tokenizer = hf_model()
     ids = tokenizer(prompt)["input_ids"]
 
     def one(_):
-        return generate(url, prompt, tokens, temperature=1.0, top_p=top_p)["output_ids"]
+        return generate(url, prompt, tokens, temperature=1.0, top_p=top_p, **sampling)["output_ids"]
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(requests_)))
@@ -264,12 +263,50 @@ def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p
     with torch.no_grad():
         batch = torch.tensor([ids + o for o in outputs])  # [R, P + K]
         logits = model(batch).logits.float()[:, len(ids) - 1 : -1]  # [R, K, V]: the conditional of each output
+    return outputs, logits
+
+
+def _pit_pvalue(logits: torch.Tensor, top_p: float, emitted: torch.Tensor) -> tuple[float, int]:
     dists = sampler_distribution(logits, top_p).reshape(-1, logits.shape[-1])
-    emitted = torch.tensor(outputs).reshape(-1)
-    values, outside = pit_values(dists, emitted, random.Random(1234))
-    greedy_values, _ = pit_values(dists, dists.argmax(dim=-1), random.Random(1234))
-    return (
-        uniform_pvalue(values, PIT_BINS),
-        uniform_pvalue(greedy_values, PIT_BINS),
-        outside,
-    )
+    values, outside = pit_values(dists, emitted.reshape(-1), random.Random(1234))
+    return uniform_pvalue(values, PIT_BINS), outside
+
+
+def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p: float) -> tuple[float, float, int]:
+    """Sample ``requests_`` continuations of ``tokens`` tokens (temperature 1, top-p) and test every emitted token
+    against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
+    argmax tokens at the same positions, tokens outside the support)."""
+    outputs, logits = _sampled_with_conditionals(url, prompt, requests_, tokens, top_p)
+    pvalue, outside = _pit_pvalue(logits, top_p, torch.tensor(outputs))
+    greedy_pvalue, _ = _pit_pvalue(logits, top_p, sampler_distribution(logits, top_p).argmax(dim=-1))
+    return pvalue, greedy_pvalue, outside
+
+
+def penalised_logits(logits: torch.Tensor, previous: list[int], frequency: float, presence: float, repetition: float):
+    """One conditional's logits [V] after the penalties of the outputs before it, one output token at a time:
+    ``frequency * count + presence`` subtracted from every token output so far, then its logit divided by
+    ``repetition`` (multiplied when negative)."""
+    row = logits.double().clone()
+    for token in set(previous):
+        row[token] -= frequency * previous.count(token) + presence
+        row[token] = row[token] * repetition if row[token] < 0 else row[token] / repetition
+    return row
+
+
+def penalised_pit_pvalues(
+    url: str, prompt: str, requests_: int, tokens: int, top_p: float, penalties: dict[str, float]
+) -> tuple[float, float, int, int]:
+    """Sampled continuations with frequency / presence / repetition ``penalties``, tested against the target's
+    conditional with the penalties of each output's own prefix. Returns (p-value, p-value against the unpenalised
+    conditional (what a verify that skips penalties samples from), tokens outside the support, outputs repeating an
+    earlier output of their request)."""
+    outputs, logits = _sampled_with_conditionals(url, prompt, requests_, tokens, top_p, **penalties)
+    args = (penalties["frequency_penalty"], penalties["presence_penalty"], penalties["repetition_penalty"])
+    exact = torch.stack(
+        [torch.stack([penalised_logits(logits[r, k], out[:k], *args) for k in range(tokens)]) for r, out in
+         enumerate(outputs)]
+    )  # fmt: skip
+    pvalue, outside = _pit_pvalue(exact, top_p, torch.tensor(outputs))
+    unpenalised_pvalue, _ = _pit_pvalue(logits, top_p, torch.tensor(outputs))
+    repeats = sum(1 for out in outputs for k in range(tokens) if out[k] in out[:k])
+    return pvalue, unpenalised_pvalue, outside, repeats

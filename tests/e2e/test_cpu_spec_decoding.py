@@ -17,6 +17,10 @@
   transformers, filtered as SGLang's sampler filters) ``u = P(rank < r) + V * p(token)``, V ~ U[0, 1), is uniform,
   and successive tokens of a request give independent u's; a chi-square test on 10 bins. The same test rejects a
   server whose verification is made greedy (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=1``).
+- Sampled with penalties that favour repeating, DFLASH chain and tree, EAGLE3 tree: the same test against the
+  conditional under the penalties of each output's own prefix passes, and against the unpenalised conditional
+  fails. With the plugin's per-node penalties switched off (SGLang's own handling), it fails on the DFLASH tree
+  (PIT p ~ 1e-11) and on the EAGLE3 tree (46 of 640 tokens outside the top-p support).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from spec_common import (
     generate_all,
     greedy_reference,
     gsm8k_prompts,
+    penalised_pit_pvalues,
     reference_tau,
     sampled_pit_pvalue,
     shared_tree_server,
@@ -225,6 +230,29 @@ def test_sampling_follows_the_target_distribution(spec_server, prompts):
     assert outside <= max(1, SAMPLED_REQUESTS * SAMPLED_TOKENS // 100), f"{outside} tokens outside the support"
     assert pvalue > 1e-3, f"sampled tokens do not follow the target distribution (p = {pvalue:.3g})"
     assert greedy_pvalue < 1e-6, "the test cannot tell argmax tokens from samples"
+
+
+# Penalties that favour repeating (allowed: frequency and presence in [-2, 2], repetition in (0, 2]), so that they
+# act on most sampled tokens: with 8 tokens per request about two thirds repeat an earlier one.
+SAMPLED_PENALTIES = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.5}
+PENALISED_TOKENS = 8
+
+
+@pytest.mark.parametrize("spec_server", ["dflash-chain", "dflash-tree-32", "eagle3-tree"], indirect=True)
+def test_penalised_sampling_follows_the_penalised_target_distribution(spec_server, prompts):
+    """Every token sampled with penalties is an exact sample of the target's conditional under the penalties of its
+    own prefix (applied here one output at a time); the same outputs are far from the unpenalised conditional,
+    which is what a verify that drops the penalties (SGLang's DFLASH overlap path) samples from."""
+    pvalue, unpenalised, outside, repeats = penalised_pit_pvalues(
+        spec_server.base_url, prompts[0], SAMPLED_REQUESTS, PENALISED_TOKENS, TOP_P, SAMPLED_PENALTIES
+    )
+    print(
+        f"penalised {spec_server.config}: PIT p-value {pvalue:.3g} (unpenalised: {unpenalised:.3g}), {repeats} repeats"
+    )
+    assert outside <= max(1, SAMPLED_REQUESTS * PENALISED_TOKENS // 100), f"{outside} tokens outside the support"
+    assert pvalue > 1e-3, f"penalised samples do not follow the penalised target distribution (p = {pvalue:.3g})"
+    assert unpenalised < 1e-6, "the test cannot tell penalised samples from unpenalised ones"
+    assert repeats >= SAMPLED_REQUESTS * PENALISED_TOKENS // 4, f"only {repeats} outputs repeat an earlier one"
 
 
 def test_the_sampling_test_fails_when_verification_is_made_greedy(tmp_path_factory, prompts):
