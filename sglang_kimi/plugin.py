@@ -356,12 +356,16 @@ def _skip_reason(entry: Entry) -> str | None:
 
 def installed_sglang_has(entry: Entry) -> bool:
     """Whether the installed SGLang is at least the release ``entry`` needs (``Entry.since``)."""
-    if entry.since is None:
-        return True
+    return entry.since is None or sglang_at_least(entry.since)[0]
+
+
+def sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:
+    """Whether the installed SGLang is ``release`` or later (release numbers only, as :func:`version_in_range`
+    compares them), and its version string."""
     from packaging.version import Version
     from sglang.version import __version__ as sglang_version
 
-    return Version(sglang_version).release[:3] >= entry.since
+    return Version(sglang_version).release[:3] >= release, sglang_version
 
 
 def _load(dotted: str):

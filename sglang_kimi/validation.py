@@ -28,6 +28,7 @@ from sglang_kimi.options import (
     debug_greedy_verify,
     plugin_args,
 )
+from sglang_kimi.plugin import sglang_at_least
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -58,13 +59,6 @@ def load_config(path: str, trust_remote_code: bool, revision: str | None):
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     return get_config(path, trust_remote_code=trust_remote_code, revision=revision)
-
-
-def _sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:
-    from packaging.version import Version
-    from sglang.version import __version__ as sglang_version
-
-    return Version(sglang_version).release[:3] >= release, sglang_version
 
 
 def _check_adaptive(cfg, algorithm: str | None, args):
@@ -100,7 +94,7 @@ def _check_adaptive(cfg, algorithm: str | None, args):
 def _check_adaptive_eagle(cfg) -> None:
     """Adaptive EAGLE3 runs SGLang's adaptive runtime (one state per step count, chains only) with the plugin's
     policy; the candidate steps come from the plugin's settings."""
-    ok, sglang_version = _sglang_at_least((0, 5, 22))
+    ok, sglang_version = sglang_at_least((0, 5, 22))
     if not ok:  # the plugin's policy profiles SGLang's runtime states over KVIndexTranslator.bind_runner_slots
         raise SpeculativeConfigError(
             f"{ADAPTIVE_FLAG} with EAGLE3 needs SGLang 0.5.22 or later; the installed SGLang is {sglang_version}: "
@@ -226,7 +220,7 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
             f"{flag_name} commits the accepted path by reordering KV slots, which needs --page-size 1 "
             f"(got {cfg.page_size})"
         )
-    ok, sglang_version = _sglang_at_least((0, 5, 22))
+    ok, sglang_version = sglang_at_least((0, 5, 22))
     if not ok:  # the tree worker places its KV through KVLocPlan
         raise SpeculativeConfigError(
             f"{flag_name} needs SGLang 0.5.22 or later (KVIndexTranslator.plan / KVLocPlan); the installed "

@@ -133,11 +133,10 @@ def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask):
 def install_eagle_sampling(target: str):
     """``eagle_sample`` verifies sampled EAGLE trees greedily on ROCm (without rejection sampling) and CPU:
     route them to the lossless target-only rule."""
-    from packaging.version import Version
-    from sglang.version import __version__
+    from sglang_kimi.plugin import sglang_at_least
 
     # eagle_sample's keyword-only watermark_state / watermark_full_mask arrived in SGLang 0.5.22
-    watermark = Version(__version__).release[:3] >= (0, 5, 22)
+    watermark = sglang_at_least((0, 5, 22))[0]
     hook(target, eagle_sample_lossless if watermark else _eagle_sample_lossless_pre_watermark, "AROUND")
 
 

@@ -201,14 +201,13 @@ def _dflash_accept_block(original, worker, *args, candidates, next_token_logits,
 
 def install_dflash_chain(target: str):
     """The DFLASH verify (SGLang's chain worker and the plugin's tree worker share the adjustments)."""
-    from packaging.version import Version
-    from sglang.version import __version__
+    from sglang_kimi.plugin import sglang_at_least
 
     worker = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
     hook(target, _dflash_adjustments, "AROUND")
     hook(f"{worker}.forward_batch_generation", _dflash_forward, "AROUND")
     hook(f"{worker}._accept_block", _dflash_accept_block, "AROUND")
-    if Version(__version__).release[:3] >= (0, 5, 23):  # the argmax of deferred verify logits arrived in 0.5.23
+    if sglang_at_least((0, 5, 23))[0]:  # the argmax of deferred verify logits arrived in 0.5.23
         hook(f"{worker}._can_skip_verify_logits", _dflash_can_skip_verify_logits, "AROUND")
 
 
