@@ -69,7 +69,7 @@ def eagle_sample_lossless(
     in upstream's conventions (``accept_lens`` counts the bonus). In a batch with penalties every node first gets
     its own (``workers/penalties.py``), whoever verifies."""
     logits = logits_output.next_token_logits  # [bs * N, V], processed in place as upstream does
-    with apply_to_eagle_verify(batch, logits, lambda: _eagle_trees(verify_input, len(batch.seq_lens))):
+    with apply_to_eagle_verify(batch, logits, lambda: _eagle_trees(verify_input, len(batch.seq_lens))) as tree:
         if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
             return original(
                 verify_input,
@@ -80,7 +80,7 @@ def eagle_sample_lossless(
                 watermark_state=watermark_state,
                 watermark_full_mask=watermark_full_mask,
             )
-        return _verify_sampled(verify_input, batch, logits, grammar_mask)
+        return _verify_sampled(verify_input, batch, logits, grammar_mask, tree)
 
 
 def _eagle_trees(verify_input, bs: int) -> DraftTree:
@@ -92,8 +92,9 @@ def _eagle_trees(verify_input, bs: int) -> DraftTree:
     return DraftTree.from_retrieve(tokens, verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, depth)
 
 
-def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask):
-    """The sampled batch verified by the target-only tree rule, after eagle_sample's logit processing."""
+def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask, tree: DraftTree | None):
+    """The sampled batch verified by the target-only tree rule, after eagle_sample's logit processing; ``tree``:
+    the step's trees when the penalties already built them."""
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
     from sglang.srt.utils.async_probe import sanitize_nan_logits
 
@@ -117,7 +118,7 @@ def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask):
     if grammar_mask is not None:
         grammar_mask.apply(logits)
 
-    tree = _eagle_trees(verify_input, bs)
+    tree = tree if tree is not None else _eagle_trees(verify_input, bs)
     depth = tree.max_depth
     coins = verify_coins(sampling_info, batch.seq_lens, bs, n)
     result = verify_tree(tree, target_probs=verify_probs(logits, sampling_info, n).view(bs, n, -1), coins=coins)

@@ -215,19 +215,20 @@ def install_dflash_chain(target: str):
 
 
 @contextlib.contextmanager
-def apply_to_eagle_verify(batch, logits: torch.Tensor, tree_of) -> Iterator[bool]:
+def apply_to_eagle_verify(batch, logits: torch.Tensor, tree_of) -> Iterator[DraftTree | None]:
     """Inside ``eagle_sample``: in a penalised batch, each node's exact penalties and the logit bias on logits
     [bs * N, V] now, with the sampling info's own penalties and bias hidden from the rest of ``eagle_sample``.
-    ``tree_of()`` gives the step's trees (only built when needed). Yields whether it acted."""
+    ``tree_of()`` gives the step's trees (only built when needed). Yields them, or None in a batch without
+    penalties."""
     step = _step_of(batch)
     if step is None:
-        yield False
+        yield None
         return
     tree = tree_of()
     step.apply(logits, tree)
     with _without_penalties(batch.sampling_info) as bias:
         _add_bias(logits, bias, tree.num_slots)
-        yield True
+        yield tree
 
 
 # -- the synchronous path -------------------------------------------------------------------------------------------
