@@ -187,6 +187,24 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "admin-validation",
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
+        "sglang_kimi.admin_validation:install_admin_validation",
+        "upstream gap: admin requests end a serving server: the expert distribution endpoints without "
+        "--expert-distribution-recorder-mode and /start_profile with an activity the server cannot record (GPU, MEM "
+        "or CUDA_PROFILER on a CPU server, RPD without rpdTracerControl) end the scheduler; /configure_logging with a "
+        "log_requests_level outside 0-3 makes every later request HTTP 500. Refused with HTTP 400 naming the fix; a "
+        "failed /start_profile or /stop_profile is a 400 instead of a 500",
+        needs=(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.start_expert_distribution_record",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.stop_expert_distribution_record",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.dump_expert_distribution_record",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.start_profile",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager._execute_profile",
+        ),
+    ),
+    Entry(
         "dflash-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
         "sglang_kimi.req_to_token:install_dflash_row_headroom",

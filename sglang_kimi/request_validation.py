@@ -15,6 +15,9 @@ scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logp
   the sampler) or below 0, and a ``logprob_start_len`` below -1 (the prompt's log-probability bookkeeping fails an
   assertion after the forward).
 
+Three more would be served, but not as asked: ``n`` below 1 (SGLang samples one completion), an empty ``stop``
+string (every completion ends at its first token) and ``stop_token_ids`` outside the vocabulary (never matched).
+
 Two more checks turn what SGLang answers with HTTP 500 (an unhandled exception in the HTTP server) into a 400: a
 ``stop_regex`` that does not compile, and, after ``GenerateReqInput.normalize_batch_and_arguments``, per-prompt
 lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-probability options) and a list
@@ -61,9 +64,18 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_sampling_params(params) -> None:
+def _check_sampling_params(params, vocab_size: int) -> None:
     if not isinstance(params, dict):
         return  # SGLang's own parsing refuses it
+    n = params.get("n")
+    if _is_int(n) and n < 1:
+        raise ValueError(f"n is {n}: give the number of completions to sample for the prompt, at least 1")
+    stop = params.get("stop")
+    if stop == "" or (isinstance(stop, list) and "" in stop):
+        raise ValueError("stop holds an empty string, which would end every completion at its first token")
+    for token in params.get("stop_token_ids") or ():
+        if _is_int(token) and not 0 <= token < vocab_size:
+            raise ValueError(f"stop_token_ids holds {token}, outside the vocabulary: give ids in [0, {vocab_size})")
     top_k = params.get("top_k")
     if _is_int(top_k) and top_k > INT32_MAX:
         raise ValueError(f"top_k is {top_k}: give -1 (the whole vocabulary) or a value from 1 to {INT32_MAX}")
@@ -99,7 +111,7 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     """BEFORE ``_validate_one_request(self, obj, input_ids)``: raises ``ValueError`` for a request the scheduler
     cannot serve; returns None (SGLang's own checks then run unchanged)."""
     config = tokenizer_manager.model_config
-    _check_sampling_params(getattr(obj, "sampling_params", None))
+    _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
     if input_embeds is not None:

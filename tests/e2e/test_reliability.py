@@ -1,8 +1,8 @@
-"""No request can kill a speculative server: a matrix of bad and unusual requests against a DFLASH-tree server (each
-answered 4xx or validly, the server still generating after every one, greedy parity after all of them), and 200
-concurrent mixed greedy / sampled requests with clients dropping their streams midway, against DFLASH-tree and
-EAGLE3-tree servers (every greedy output equal to the non-speculative server's). The tree servers are the session's
-(``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8 draft tokens)."""
+"""No request can kill a speculative server: a matrix of bad and unusual requests, admin ones included, against a
+DFLASH-tree server (each answered 4xx or validly, the server still generating after every one, greedy parity after
+all of them), and 200 concurrent mixed greedy / sampled requests with clients dropping their streams midway, against
+DFLASH-tree and EAGLE3-tree servers (every greedy output equal to the non-speculative server's). The tree servers are
+the session's (``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8 draft tokens)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,16 @@ MATRIX = [
     ("a list of rids for one prompt", "/generate", {**body(), "rid": ["a", "b"]}, "4xx"),
     ("OpenAI completion, empty prompt", "/v1/completions", {"model": "m", "prompt": "", "max_tokens": 4}, "4xx"),
     ("OpenAI chat, no messages", "/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 4}, "4xx"),
+    ("n 0", "/generate", body(temperature=0.8, n=0), "4xx"),
+    ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
+    ("stop token id outside the vocabulary", "/generate", body(stop_token_ids=[13, VOCAB]), "4xx"),
+    # admin requests that ended the scheduler, or failed every later request
+    ("expert distribution without its recorder", "/start_expert_distribution_record", {}, "4xx"),
+    ("expert distribution dump without its recorder", "/dump_expert_distribution_record", {}, "4xx"),
+    ("profiling the GPU on a CPU server", "/start_profile", {"activities": ["GPU"]}, "4xx"),
+    ("profiling memory on a CPU server", "/start_profile", {"activities": ["CPU", "MEM"]}, "4xx"),
+    ("stopping a profile that is not running", "/stop_profile", {}, "4xx"),
+    ("request logging at level 5", "/configure_logging", {"log_requests": True, "log_requests_level": 5}, "4xx"),
     ("top_k -1 (no top-k)", "/generate", body(temperature=1.0, top_k=-1), lambda o: len(o["output_ids"]) == 8),
     (
         "top_k at int32's maximum",

@@ -104,6 +104,30 @@ def test_a_stop_regex_that_does_not_compile_is_refused(stop_regex):
     assert validate_request(MANAGER, with_sampling(stop_regex=["[0-9]+", "\\n"]), [1, 2]) is None
 
 
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"n": 0}, "n is 0: give the number of completions"),
+        ({"n": -2}, "n is -2"),
+        ({"stop": ""}, "stop holds an empty string"),
+        ({"stop": ["=", ""]}, "stop holds an empty string"),
+        ({"stop_token_ids": [5, 100]}, r"stop_token_ids holds 100, outside the vocabulary: give ids in \[0, 100\)"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids holds -1"),
+    ],
+)
+def test_options_that_would_not_be_served_as_asked_are_refused(params, message):
+    with pytest.raises(ValueError, match=message):
+        validate_request(MANAGER, with_sampling(**params), [1, 2])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"n": 1}, {"n": 4}, {"stop": "="}, {"stop": ["=", "\n"]}, {"stop": []}, {"stop_token_ids": [0, 99]}, {}],
+)
+def test_served_options_pass(params):
+    assert validate_request(MANAGER, with_sampling(**params), [1, 2]) is None
+
+
 def normalized(batch_size=2, n=1, **fields):
     """A GenerateReqInput after normalize_batch_and_arguments: batch_size=None for a single prompt."""
     base = {"rid": None} | {name: None for name in PER_PROMPT_FIELDS}

@@ -1,0 +1,107 @@
+"""Admin requests that would stop a serving server, refused with HTTP 400 before they reach it.
+
+BEFORE hooks on the ``TokenizerManager`` methods behind SGLang's admin endpoints. In SGLang 0.5.23 each of these
+ends the scheduler (and with it the server), or makes every later request fail:
+
+- ``/start_expert_distribution_record``, ``/stop_…`` and ``/dump_…`` on a server started without
+  ``--expert-distribution-recorder-mode``: the scheduler's recorder raises, and the scheduler dies;
+- ``/start_profile`` with an activity this server cannot record: ``GPU``, ``MEM`` or ``CUDA_PROFILER`` on a CPU
+  server (the torch profiler asserts, or ``torch.cuda`` is missing), ``RPD`` without ROCm's ``rpdTracerControl``
+  (an ImportError in the scheduler); an unknown activity name starts nothing and says it started;
+- ``/configure_logging`` with a ``log_requests_level`` outside 0-3 or a ``log_requests_format`` other than
+  ``text`` / ``json``: SGLang stores the value, then fails to use it, so while request logging is on every later
+  request is answered HTTP 500.
+
+A failed ``/start_profile`` or ``/stop_profile`` (stopping a profile that is not running, say) is a 400 carrying the
+scheduler's message instead of a 500. Each refusal is a ``fastapi.HTTPException`` (status 400), which SGLang's
+HTTP server answers as an error object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+from sglang_kimi.hooks import hook
+
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
+LOG_REQUESTS_FORMATS = ("text", "json")
+# SGLang's profiler activities; each but CPU needs a GPU, RPD also ROCm's rpdTracerControl
+PROFILER_ACTIVITIES = ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD", "XPU")
+GPU_ACTIVITIES = ("GPU", "MEM", "CUDA_PROFILER", "RPD")
+
+
+def _refuse(message: str):
+    from fastapi import HTTPException
+
+    raise HTTPException(status_code=400, detail=message)
+
+
+def check_expert_distribution(tokenizer_manager, *args, **kwargs):
+    """BEFORE the start / stop / dump of the expert distribution record."""
+    if getattr(tokenizer_manager.server_args, "expert_distribution_recorder_mode", None) is None:
+        _refuse(
+            "this server records no expert distribution: start it with --expert-distribution-recorder-mode "
+            "(stat, stat_approx, per_pass or per_token) to use the expert distribution endpoints"
+        )
+
+
+def _platform_activity() -> str | None:
+    """The activity name of an out-of-tree platform (SGLang adds it to its profiler's names), if any."""
+    try:
+        from sglang.srt.platforms import current_platform
+
+        if current_platform.is_out_of_tree():
+            return current_platform.get_torch_profiler_activity_str()
+    except Exception:  # noqa: BLE001 - an older SGLang without platforms: the in-tree names only
+        return None
+    return None
+
+
+def check_profile_activities(tokenizer_manager, req=None, *args, **kwargs):
+    """BEFORE ``start_profile(self, req)``: every activity is one this server can record."""
+    activities = getattr(req, "activities", None)
+    if not activities:
+        return None  # SGLang's default
+    known = PROFILER_ACTIVITIES + tuple(filter(None, [_platform_activity()]))
+    unknown = [name for name in activities if name not in known]
+    if unknown:
+        _refuse(f"unknown profiler activities {unknown}: choose from {list(known)}")
+    if str(getattr(tokenizer_manager.server_args, "device", "")) == "cpu":
+        on_gpu = [name for name in activities if name in GPU_ACTIVITIES]
+        if on_gpu:
+            _refuse(f"this server runs on the CPU and cannot record {on_gpu}: profile with activities ['CPU']")
+    if "RPD" in activities and importlib.util.find_spec("rpdTracerControl") is None:
+        _refuse("the RPD activity needs ROCm's rpdTracerControl (rocmProfileData) installed in the server's Python")
+    return None
+
+
+async def profile_failure_is_400(original, tokenizer_manager, req, *args, **kwargs):
+    """AROUND ``_execute_profile``: SGLang raises RuntimeError (HTTP 500) when the scheduler refuses."""
+    try:
+        return await original(tokenizer_manager, req, *args, **kwargs)
+    except RuntimeError as exc:
+        _refuse(f"profiling: {exc}")
+
+
+def check_configure_logging(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE ``configure_logging(self, obj)``: values SGLang would store and then fail on."""
+    level = getattr(obj, "log_requests_level", None)
+    if level is not None and level not in LOG_REQUESTS_LEVELS:
+        _refuse(f"log_requests_level is {level!r}: give 0, 1, 2 or 3 (more of each request is logged at each level)")
+    fmt = getattr(obj, "log_requests_format", None)
+    if fmt is not None and fmt not in LOG_REQUESTS_FORMATS:
+        _refuse(f"log_requests_format is {fmt!r}: give 'text' or 'json'")
+    log_level = getattr(obj, "log_level", None)
+    if log_level is not None and not isinstance(logging.getLevelName(str(log_level).upper()), int):
+        _refuse(f"log_level is {log_level!r}: give a logging level name such as 'info', 'warning' or 'debug'")
+    return None
+
+
+def install_admin_validation(target: str):
+    hook(target, check_configure_logging, "BEFORE")
+    for action in ("start", "stop", "dump"):
+        hook(f"{TOKENIZER_MANAGER}.{action}_expert_distribution_record", check_expert_distribution, "BEFORE")
+    hook(f"{TOKENIZER_MANAGER}.start_profile", check_profile_activities, "BEFORE")
+    hook(f"{TOKENIZER_MANAGER}._execute_profile", profile_failure_is_400, "AROUND")
