@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -338,7 +339,7 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     if args.concurrency:
         parse_concurrency(args.concurrency)
     check_load(args.input_len, args.output_len, args.num_prompts, args.warmup_requests)
-    if args.launch and args.launch_timeout <= 0:
+    if args.launch and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
     out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:

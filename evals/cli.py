@@ -7,6 +7,7 @@ failed, 2 bad input or an unusable server (one line on stderr naming the problem
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -132,12 +133,12 @@ def _gate_config(args: argparse.Namespace):
     for flag, value in (("--num-concurrent", args.num_concurrent), ("--max-gen-toks", args.max_gen_toks)):
         if value < 1:
             raise EvalError(f"{flag} {value}: give 1 or more")
-    if args.temperature < 0:
+    if not args.temperature >= 0 or math.isinf(args.temperature):
         raise EvalError(f"--temperature {args.temperature}: give 0 (greedy) or a positive temperature")
-    if args.max_drop < 0 or not 0 < args.alpha < 1:
+    if not 0 <= args.max_drop < math.inf or not 0 < args.alpha < 1:
         raise EvalError("--max-drop must be >= 0 and --alpha in (0, 1)")
     for flag, seconds in (("--request-timeout", args.request_timeout), ("--launch-timeout", args.launch_timeout)):
-        if seconds <= 0:
+        if not 0 < seconds < math.inf:
             raise EvalError(f"{flag} {seconds}: give a number of seconds above 0")
     return GateConfig(
         num_fewshot=args.num_fewshot,

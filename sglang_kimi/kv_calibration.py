@@ -14,6 +14,7 @@ parallelism the maxima are rank 0's (the MLA latent is replicated across ranks; 
 from __future__ import annotations
 
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -116,7 +117,23 @@ def calibrate(
     return scales_document(layers, rule, models), sequences
 
 
+def check_calibration_args(args) -> None:
+    """Refuse values that would calibrate nothing, fail midway, or write scales that clip (before any request)."""
+    for flag, value in (
+        ("--num-prompts", args.num_prompts),
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--concurrency", args.concurrency),
+    ):
+        if value < 1:
+            raise CalibrationError(f"{flag} {value}: give 1 or more")
+    if not (math.isfinite(args.headroom) and args.headroom >= 1.0):
+        raise CalibrationError(
+            f"--headroom {args.headroom}: give 1 or more (below 1 the scales clip the largest KV values calibrated)"
+        )
+
+
 def run_calibrate_kv(args) -> int:
+    check_calibration_args(args)
     rule = replace(ScaleRule(), headroom=args.headroom)
     prompts = calibration_prompts(args.data_dir, args.num_prompts)
     doc, sequences = calibrate(

@@ -146,6 +146,9 @@ def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_
         (["--seeds", "a,b"], "--seeds a,b"),
         (["--num-fewshot", "-1"], "--num-fewshot -1"),
         (["--temperature", "-0.5"], "--temperature -0.5"),
+        (["--temperature", "nan"], "--temperature nan"),
+        (["--max-drop", "inf"], "--max-drop must be >= 0"),
+        (["--launch-timeout", "inf"], "--launch-timeout inf: give a number of seconds above 0"),
         (["--request-timeout", "0"], "--request-timeout 0: give a number of seconds above 0"),
     ],
 )
@@ -274,6 +277,7 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--launch", "--input-len", "0"], "--input-len 0: give 1 or more"),
         (["--launch", "--warmup-requests", "-1"], "--warmup-requests -1: give 0 or more"),
         (["--launch", "--launch-timeout", "0"], "--launch-timeout 0.0: give a number of seconds above 0"),
+        (["--launch", "--launch-timeout", "nan"], "--launch-timeout nan: give a number of seconds above 0"),
     ],
 )
 def test_bench_bad_flags(capsys, tmp_path, argv, message):

@@ -372,6 +372,22 @@ def _calibrate(capsys, *args) -> tuple[int, str]:
     return code, err[-1] if err else ""
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-prompts", "0"], "--num-prompts 0: give 1 or more"),
+        (["--max-new-tokens", "-1"], "--max-new-tokens -1: give 1 or more"),
+        (["--concurrency", "0"], "--concurrency 0: give 1 or more"),
+        (["--headroom", "0.5"], "--headroom 0.5: give 1 or more (below 1 the scales clip"),
+        (["--headroom", "nan"], "--headroom nan"),
+    ],
+)
+def test_calibrate_kv_bad_numbers_refused_before_any_request(capsys, tmp_path, flags, message):
+    # the URL answers nothing: a check made after contacting the server would report that instead
+    code, line = _calibrate(capsys, "--base-url", "http://127.0.0.1:1", "--out", str(tmp_path / "s.json"), *flags)
+    assert code == 2 and message in line
+
+
 def test_calibrate_kv_errors(capsys, tmp_path):
     from support.fake_servers import serve, sglang_payloads
 
