@@ -139,32 +139,91 @@ DTYPE_CHOICES = ("bf16", "fp8_w8a8", "int4_w4a16")
 
 def add_tune_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``sglang-kimi tune moe``."""
-    parser.add_argument("--tp", type=int, default=8, help="tensor parallel size: N = moe_intermediate / tp")
-    parser.add_argument("--ep", type=int, default=1, help="expert parallel size: E = experts / ep")
-    parser.add_argument("--experts", type=int, default=KIMI_EXPERTS, help="routed experts (385 with shared fused)")
-    parser.add_argument("--hidden", type=int, default=KIMI_HIDDEN)
-    parser.add_argument("--moe-intermediate", type=int, default=KIMI_MOE_INTERMEDIATE)
-    parser.add_argument("--topk", type=int, default=KIMI_TOPK)
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp8_w8a8")
-    parser.add_argument("--block-shape", type=int, nargs=2, default=[128, 128], help="fp8 block quant [n k]")
-    parser.add_argument("--group-size", type=int, default=32, help="int4_w4a16 weight group size")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(VERIFY_BATCHES))
-    parser.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--tp", type=int, default=8, help="tensor parallel size: N = moe_intermediate / tp (default 8)")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size: E = experts / ep (default 1)")
+    parser.add_argument(
+        "--experts",
+        type=int,
+        default=KIMI_EXPERTS,
+        help=f"routed experts, 385 with the shared one fused (default {KIMI_EXPERTS})",
+    )
+    parser.add_argument("--hidden", type=int, default=KIMI_HIDDEN, help=f"hidden size (default {KIMI_HIDDEN})")
+    parser.add_argument(
+        "--moe-intermediate",
+        type=int,
+        default=KIMI_MOE_INTERMEDIATE,
+        help=f"intermediate size of one expert (default {KIMI_MOE_INTERMEDIATE})",
+    )
+    parser.add_argument("--topk", type=int, default=KIMI_TOPK, help=f"experts per token (default {KIMI_TOPK})")
+    parser.add_argument(
+        "--dtype", choices=DTYPE_CHOICES, default="fp8_w8a8", help="expert weight format (default fp8_w8a8)"
+    )
+    parser.add_argument(
+        "--block-shape", type=int, nargs=2, default=[128, 128], help="fp8 block quantization [n k] (default 128 128)"
+    )
+    parser.add_argument("--group-size", type=int, default=32, help="int4_w4a16 weight group size (default 32)")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=list(VERIFY_BATCHES),
+        help=f"decode batch sizes (default {' '.join(map(str, VERIFY_BATCHES))})",
+    )
+    parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        nargs="+",
+        default=[2, 4, 8, 16],
+        help="verify window widths; the kernel is timed at M = batch x draft tokens (default 2 4 8 16)",
+    )
     parser.add_argument("--output-dir", type=Path, default=None, help=f"default ${USER_DIR_ENV} or {DEFAULT_USER_DIR}")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-configs", type=int, default=None, help="cap the search space (quick runs)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed runs per config (default 5)")
+    parser.add_argument("--iters", type=int, default=20, help="timed runs per config; the median counts (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and routing (default 0)")
+    parser.add_argument(
+        "--max-configs", type=int, default=None, help="time only the first N configs of the search space (quick runs)"
+    )
     return parser
+
+
+class TuneError(ValueError):
+    """A flag of ``sglang-kimi tune moe`` that cannot describe a MoE layer or a timing run."""
+
+
+def check_tune_args(args: argparse.Namespace) -> None:
+    """Refuse flags that describe no MoE layer SGLang could run, before the GPU is looked for."""
+    positive = [("--tp", args.tp), ("--ep", args.ep), ("--experts", args.experts), ("--hidden", args.hidden)]
+    positive += [("--moe-intermediate", args.moe_intermediate), ("--topk", args.topk), ("--iters", args.iters)]
+    positive += [("--batches", b) for b in args.batches] + [("--draft-tokens", d) for d in args.draft_tokens]
+    positive += [("--block-shape", b) for b in args.block_shape] + [("--group-size", args.group_size)]
+    if args.max_configs is not None:
+        positive.append(("--max-configs", args.max_configs))
+    for flag, value in positive:
+        if value < 1:
+            raise TuneError(f"{flag} {value}: give 1 or more")
+    if args.warmup < 0:
+        raise TuneError(f"--warmup {args.warmup}: give 0 or more")
+    if args.moe_intermediate % args.tp:
+        raise TuneError(f"--tp {args.tp} does not divide --moe-intermediate {args.moe_intermediate}")
+    if args.experts % args.ep:
+        raise TuneError(f"--ep {args.ep} does not divide --experts {args.experts}")
+    if args.topk > args.experts // args.ep:
+        raise TuneError(f"--topk {args.topk} is more than the {args.experts // args.ep} experts on one rank")
+    if args.dtype == "int4_w4a16":
+        n = args.moe_intermediate // args.tp
+        for name, k in (("--hidden", args.hidden), ("the per-rank intermediate size", n)):
+            if k % args.group_size or k % 2:
+                raise TuneError(f"{name} {k} is not a multiple of --group-size {args.group_size} (and of 2)")
 
 
 def run_tune_moe(args: argparse.Namespace) -> Path:
     """Entry point of ``sglang-kimi tune moe``; returns the written table's path."""
     import torch
 
+    check_tune_args(args)
     if not torch.cuda.is_available():
-        raise SystemExit(
-            "error: `sglang-kimi tune moe` needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); "
+        raise TuneError(
+            "`sglang-kimi tune moe` needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); "
             "it times SGLang's Triton fused-MoE kernel on the device the tables are for"
         )
     out_dir = args.output_dir or Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
@@ -291,7 +350,7 @@ def tune_moe(
     from tqdm import tqdm
 
     if not torch.cuda.is_available():
-        raise SystemExit("error: tuning the fused-MoE kernel needs a CUDA or ROCm GPU")
+        raise TuneError("tuning the fused-MoE kernel needs a CUDA or ROCm GPU")
     device = torch.device("cuda", torch.cuda.current_device())
     device_name = torch.cuda.get_device_name(device).replace(" ", "_")
     m_values = m_values or verify_m_values()

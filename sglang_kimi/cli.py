@@ -92,9 +92,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from sglang_kimi.kernels.moe_tuner import run_tune_moe
+    from sglang_kimi.kernels.moe_tuner import TuneError, run_tune_moe
 
-    path = run_tune_moe(args)
+    try:
+        path = run_tune_moe(args)
+    except TuneError as exc:
+        return _fail(str(exc))
     print(f"wrote {path}")
     return 0
 

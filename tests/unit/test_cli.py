@@ -211,3 +211,23 @@ def test_cpu_tensor_parallel_binds_one_core_group_per_rank(tmp_path):
         assert spec.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     single = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.free_port())
     assert "SGLANG_CPU_OMP_THREADS_BIND" not in single.env or "SGLANG_CPU_OMP_THREADS_BIND" in os.environ
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--tp", "3"], "--tp 3 does not divide --moe-intermediate 2048"),
+        (["--ep", "5"], "--ep 5 does not divide --experts 384"),
+        (["--topk", "400"], "--topk 400 is more than the 384 experts on one rank"),
+        (["--batches", "4", "0"], "--batches 0: give 1 or more"),
+        (["--draft-tokens", "-8"], "--draft-tokens -8: give 1 or more"),
+        (["--iters", "0"], "--iters 0: give 1 or more"),
+        (["--warmup", "-1"], "--warmup -1: give 0 or more"),
+        (["--dtype", "int4_w4a16", "--group-size", "48"], "--hidden 7168 is not a multiple of --group-size 48"),
+    ],
+)
+def test_tune_moe_refuses_flags_that_describe_no_moe_layer(capsys, flags, message):
+    # checked before the GPU is looked for, so the same error on a machine with or without one
+    assert cli.main(["tune", "moe", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ") and message in err[0], err

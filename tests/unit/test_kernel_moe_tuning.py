@@ -216,10 +216,13 @@ def test_verify_m_values_and_search_space():
     assert all(c["num_stages"] == 2 and c["waves_per_eu"] == 0 for c in rocm)
 
 
-def test_tune_moe_cli_fails_clearly_without_gpu(tmp_path):
+def test_tune_moe_cli_fails_clearly_without_gpu(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a machine that has one
     parser = tuner.add_tune_moe_args(argparse.ArgumentParser())
     args = parser.parse_args(["--tp", "8", "--output-dir", str(tmp_path)])
     assert args.dtype == "fp8_w8a8" and args.experts == 384
-    with pytest.raises(SystemExit, match="needs a CUDA or ROCm GPU"):
+    with pytest.raises(tuner.TuneError, match="needs a CUDA or ROCm GPU"):
         tuner.run_tune_moe(args)
     assert list(tmp_path.iterdir()) == []
