@@ -21,6 +21,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_kimi.api_key import auth_headers
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import Server, check_same_model, launch_pair, probe, split_args
@@ -198,7 +199,7 @@ def summarize_level(
 
 
 def _server_info(url: str) -> dict:
-    return requests.get(url + "/server_info", timeout=60).json()
+    return requests.get(url + "/server_info", timeout=60, headers=auth_headers()).json()
 
 
 def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[dict]:

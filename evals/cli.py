@@ -14,6 +14,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from sglang_kimi.api_key import HELP as API_KEY_HELP
+from sglang_kimi.api_key import use_api_key
 from sglang_kimi.evals.errors import EvalError
 
 EVAL_EPILOG = """\
@@ -94,6 +96,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     servers.add_argument(
         "--launch-timeout", type=float, default=900, help="seconds to wait for launched servers (default 900)"
     )
+    servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
 
     run = p.add_argument_group("lm-eval")
     run.add_argument(
@@ -167,6 +170,7 @@ def _check_eval_servers(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.eval_task != "gsm8k":
         return _fail("name the task: sglang-kimi eval gsm8k --help")
+    use_api_key(args.api_key)
     try:
         return _eval_gsm8k(args)
     except EvalError as exc:
@@ -235,6 +239,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         "--baseline-args", default=None, metavar="ARGS", help="with --launch: also start a baseline with these flags"
     )
     servers.add_argument("--launch-timeout", type=float, default=900, help="seconds to wait for launched servers")
+    servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
 
     load = p.add_argument_group("load")
     load.add_argument("--preset", choices=sorted(PRESETS), help="the published settings (see below)")
@@ -258,6 +263,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     from sglang_kimi.evals.bench import run_bench_command
 
+    use_api_key(args.api_key)
     try:
         return run_bench_command(args, Path(args.output_dir) if args.output_dir else _default_out("bench"))
     except EvalError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_kimi.api_key import auth_headers, refused_key_hint
 from sglang_kimi.evals.errors import EvalError
 
 # Tokenized on both servers: same ids <=> same tokenizer for all practical purposes (digits, $, unicode, newline).
@@ -110,7 +111,7 @@ def normalize_url(url: str) -> str:
 
 def _get_json(url: str, path: str, timeout: float, *, method: str = "GET", body: dict | None = None) -> dict:
     try:
-        response = requests.request(method, url + path, json=body, timeout=timeout)
+        response = requests.request(method, url + path, json=body, timeout=timeout, headers=auth_headers())
     except requests.ConnectionError as exc:
         reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
         raise EvalError(f"cannot reach {url} ({reason}): is the server running? check the URL and port") from None
@@ -119,6 +120,9 @@ def _get_json(url: str, path: str, timeout: float, *, method: str = "GET", body:
     except requests.RequestException as exc:
         raise EvalError(f"cannot reach {url}: {exc}") from None
     kind = response.headers.get("content-type", "?").split(";")[0]
+    hint = refused_key_hint(response.status_code)
+    if hint:
+        raise EvalError(f"{url}: {method} {path}: {hint}")
     if response.status_code != 200:
         raise EvalError(
             f"{url} is not an SGLang server: {method} {path} answered HTTP {response.status_code} ({kind}); "

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import requests
 
+from sglang_kimi.api_key import HELP as API_KEY_HELP
+from sglang_kimi.api_key import auth_headers, refused_key_hint, use_api_key
 from sglang_kimi.models.kv_scales import DRAFT, ENV, FORMAT, TARGET, LayerScale, ScaleRule, scales_document
 
 
@@ -55,6 +57,9 @@ def server_kv_state(base_url: str) -> dict:
 
     try:
         state = fetch_plugin_state(base_url)
+    except requests.HTTPError as exc:
+        hint = refused_key_hint(exc.response.status_code)
+        raise CalibrationError(f"{base_url}: {hint or exc}") from None
     except requests.RequestException as exc:
         raise CalibrationError(f"no SGLang server answers at {base_url} ({exc}): start one or fix --base-url")
     kv = state.get("kv_scales")
@@ -98,7 +103,7 @@ def calibrate(
             "return_logprob": True,
             "logprob_start_len": 0,
         }
-        response = requests.post(base_url + "/generate", json=body, timeout=600)
+        response = requests.post(base_url + "/generate", json=body, timeout=600, headers=auth_headers())
         response.raise_for_status()
         out = response.json()
         prompt_ids = [tok for _, tok, _ in out["meta_info"]["input_token_logprobs"]]
@@ -134,6 +139,7 @@ def check_calibration_args(args) -> None:
 
 def run_calibrate_kv(args) -> int:
     check_calibration_args(args)
+    use_api_key(args.api_key)
     rule = replace(ScaleRule(), headroom=args.headroom)
     prompts = calibration_prompts(args.data_dir, args.num_prompts)
     doc, sequences = calibrate(
@@ -170,6 +176,7 @@ def add_calibrate_kv_parser(sub) -> None:
     )
     parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--api-key", default=None, help=API_KEY_HELP)
     parser.add_argument("--data-dir", default=None, help="folder with GSM8K's train.jsonl (default: hub openai/gsm8k)")
     parser.add_argument("--num-prompts", type=int, default=64, help="calibration prompts (default 64)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")

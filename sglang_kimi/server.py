@@ -25,6 +25,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_kimi.api_key import auth_headers
 from sglang_kimi.cpu import KIMI_CPU_BACKEND
 from sglang_kimi.version import SUPPORTED_SGLANG
 
@@ -505,6 +506,8 @@ def start_server(
 
 def fetch_plugin_state(base_url: str) -> dict:
     """The plugin's state reported by the server's scheduler (``/server_info``)."""
-    info = requests.get(base_url + "/server_info", timeout=30).json()
+    response = requests.get(base_url + "/server_info", timeout=30, headers=auth_headers())
+    response.raise_for_status()
+    info = response.json()
     states = info.get("internal_states") or [{}]
     return states[0].get("sglang_kimi") or {}

@@ -31,11 +31,20 @@ def sglang_payloads(architecture: str = "KimiK25ForConditionalGeneration", token
 
 
 @contextmanager
-def serve(payloads: dict | None):
-    """A server on a free port; ``payloads`` None answers every request with an HTML 404 page."""
+def serve(payloads: dict | None, api_key: str | None = None):
+    """A server on a free port; ``payloads`` None answers every request with an HTML 404 page; with ``api_key``,
+    a request without ``Authorization: Bearer <api_key>`` gets SGLang's HTTP 401."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, method: str):
+            if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
+                data = json.dumps({"error": "Unauthorized"}).encode()
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             body = None if payloads is None else payloads.get((method, self.path.split("?")[0]))
             if body is None:
                 page = b"<html><body><h1>404 Not Found</h1></body></html>"

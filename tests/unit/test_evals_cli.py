@@ -8,6 +8,7 @@ import pytest
 from support.fake_servers import serve, sglang_payloads
 
 from sglang_kimi import cli
+from sglang_kimi.api_key import ENV, use_api_key
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
 from sglang_kimi.server import free_port
@@ -308,3 +309,22 @@ def test_bench_output_len_and_context_checked_against_the_server(capsys, tmp_pat
 def test_normalize_url():
     assert normalize_url("127.0.0.1:30000") == "http://127.0.0.1:30000"
     assert normalize_url("http://h:1/v1/") == "http://h:1"
+
+
+@pytest.mark.parametrize("command", [["eval", "gsm8k", "--candidate"], ["bench", "--base-url"]])
+def test_a_server_started_with_an_api_key(capsys, monkeypatch, data_dir, tmp_path, command):
+    monkeypatch.setenv(ENV, "")  # no key; the variable is restored after the test, whatever --api-key set
+    with serve(sglang_payloads(), api_key="k1") as keyed, serve(sglang_payloads()) as open_server:
+        argv = [*command, keyed, "--data-dir", data_dir, "--output-dir", str(tmp_path)]
+        if command[0] == "eval":
+            argv += ["--baseline", open_server]
+        code, err = _run(capsys, *argv)
+        assert code == 2
+        line = _one_error_line(err)
+        assert "GET /model_info: the server wants an API key (HTTP 401" in line and "--api-key KEY" in line
+        code, err = _run(capsys, *argv, "--api-key", "k2")
+        assert code == 2 and "the server refused the API key" in _one_error_line(err)
+        # the key given once reaches every request of the process: the probe now passes
+        use_api_key("k1")
+        assert probe(keyed).model_path == "/m/tiny"
+        assert probe(open_server).model_path == "/m/tiny"  # a server without a key ignores the header

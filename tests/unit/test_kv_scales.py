@@ -388,7 +388,8 @@ def test_calibrate_kv_bad_numbers_refused_before_any_request(capsys, tmp_path, f
     assert code == 2 and message in line
 
 
-def test_calibrate_kv_errors(capsys, tmp_path):
+def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "")  # no API key in this process
     from support.fake_servers import serve, sglang_payloads
 
     from sglang_kimi.server import free_port
@@ -407,6 +408,9 @@ def test_calibrate_kv_errors(capsys, tmp_path):
     with serve(payloads) as url:
         code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
         assert code == 2 and "does not run the sglang-kimi plugin" in line
+    with serve(payloads, api_key="k1") as url:
+        code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
+        assert code == 2 and "the server wants an API key (HTTP 401" in line and "--api-key KEY" in line
     payloads[("GET", "/server_info")]["internal_states"] = [{"sglang_kimi": {"kv_scales": {"mode": "dynamic"}}}]
     with serve(payloads) as url:
         code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
