@@ -36,30 +36,22 @@ def serve(payloads: dict | None, api_key: str | None = None):
     a request without ``Authorization: Bearer <api_key>`` gets SGLang's HTTP 401."""
 
     class Handler(BaseHTTPRequestHandler):
-        def _answer(self, method: str):
-            if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
-                data = json.dumps({"error": "Unauthorized"}).encode()
-                self.send_response(401)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-            body = None if payloads is None else payloads.get((method, self.path.split("?")[0]))
-            if body is None:
-                page = b"<html><body><h1>404 Not Found</h1></body></html>"
-                self.send_response(404)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(page)))
-                self.end_headers()
-                self.wfile.write(page)
-                return
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+        def _send(self, status: int, content_type: str, data: bytes):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _answer(self, method: str):
+            if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(401, "application/json", json.dumps({"error": "Unauthorized"}).encode())
+                return
+            body = None if payloads is None else payloads.get((method, self.path.split("?")[0]))
+            if body is None:
+                self._send(404, "text/html", b"<html><body><h1>404 Not Found</h1></body></html>")
+                return
+            self._send(200, "application/json", json.dumps(body).encode())
 
         def do_GET(self):  # noqa: N802
             self._answer("GET")
