@@ -205,6 +205,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "bounded-stop-regex",
+        "sglang.srt.managers.schedule_batch.Req._check_str_based_finish",
+        "sglang_kimi.stop_regex:install_bounded_stop_regex",
+        "upstream gap: the scheduler searches each stop_regex with re.search at every decode step (per accepted "
+        "prefix in a speculative step), without a time limit, so a pattern that backtracks exponentially, such as "
+        "(a|a)+b, freezes the server for minutes to days; searched with the re-compatible regex module, each search "
+        "bounded, and a request whose search runs out of time ends with HTTP 400 naming the pattern",
+        needs=(
+            "sglang.srt.managers.schedule_batch.Req._check_str_based_finish",
+            "sglang.srt.managers.schedule_batch.re",
+            "sglang.srt.managers.schedule_batch.FINISH_ABORT",
+        ),
+    ),
+    Entry(
         "dflash-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
         "sglang_kimi.req_to_token:install_dflash_row_headroom",

@@ -80,6 +80,8 @@ MATRIX = [
         "4xx",
     ),
     ("stop_regex that does not compile", "/generate", body(stop_regex="["), "4xx"),
+    # with re, about 2^40 backtracking steps in the scheduler (days) on the forced run of 40 a's
+    ("stop_regex that backtracks exponentially", "/generate", body(40, regex="a{40}", stop_regex="(a|a)+b"), "4xx"),
     (
         "a batch with fewer sampling_params than prompts",
         "/generate",
