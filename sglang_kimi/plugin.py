@@ -180,7 +180,8 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "them in, nor top_logprobs_num against the vocabulary, nor logprob_start_len below -1; each crashes the "
         "scheduler (IndexError / device-side assert in the embedding, a 0-token MoE batch, an overflow, topk out of "
         "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints; "
-        "so are an invalid stop_regex and per-prompt lists of the wrong length (SGLang answers HTTP 500)",
+        "so are an invalid stop_regex and per-prompt lists of the wrong length (SGLang answers HTTP 500), and n "
+        "below 1, an empty stop string and stop token ids outside the vocabulary (served, but not as asked)",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
             "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",

@@ -73,7 +73,8 @@ def _check_sampling_params(params, vocab_size: int) -> None:
     stop = params.get("stop")
     if stop == "" or (isinstance(stop, list) and "" in stop):
         raise ValueError("stop holds an empty string, which would end every completion at its first token")
-    for token in params.get("stop_token_ids") or ():
+    stop_token_ids = params.get("stop_token_ids")
+    for token in stop_token_ids if isinstance(stop_token_ids, list) else ():
         if _is_int(token) and not 0 <= token < vocab_size:
             raise ValueError(f"stop_token_ids holds {token}, outside the vocabulary: give ids in [0, {vocab_size})")
     top_k = params.get("top_k")

@@ -122,7 +122,16 @@ def test_options_that_would_not_be_served_as_asked_are_refused(params, message):
 
 @pytest.mark.parametrize(
     "params",
-    [{"n": 1}, {"n": 4}, {"stop": "="}, {"stop": ["=", "\n"]}, {"stop": []}, {"stop_token_ids": [0, 99]}, {}],
+    [
+        {"n": 1},
+        {"n": 4},
+        {"stop": "="},
+        {"stop": ["=", "\n"]},
+        {"stop": []},
+        {"stop_token_ids": [0, 99]},
+        {"stop_token_ids": 5},  # not a list: left to SGLang's own parsing
+        {},
+    ],
 )
 def test_served_options_pass(params):
     assert validate_request(MANAGER, with_sampling(**params), [1, 2]) is None
