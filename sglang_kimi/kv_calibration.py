@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import requests
+from tqdm import tqdm
 
 from sglang_kimi.api_key import HELP as API_KEY_HELP
 from sglang_kimi.api_key import auth_headers, refused_key_hint, use_api_key
@@ -110,7 +111,8 @@ def calibrate(
         return prompt_ids + list(out["output_ids"])
 
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        sequences = list(pool.map(run, prompts))
+        done = tqdm(pool.map(run, prompts), total=len(prompts), desc="calibration prompts", unit="prompt")
+        sequences = list(done)
     layers = _layers(server_kv_state(base_url))
     for per_role in layers.values():
         for state in per_role.values():

@@ -121,8 +121,10 @@ def test_calibrate_kv_records_the_real_latent_maxima(variant_servers, tmp_path, 
         "3",
     ]
     assert cli.main(argv) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "calibrated on 3 prompts" in printed and "kv_scales.json" in printed
+    assert "calibration prompts" in captured.err and "3/3" in captured.err  # the progress bar
     doc = json.loads(out.read_text())
     assert doc["format"] == kv_scales.FORMAT and "draft" not in doc
     layers = doc["target"]["layers"]
