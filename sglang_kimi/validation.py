@@ -2,7 +2,8 @@
 ``handle_speculative_decoding``).
 
 The drafter against the target (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids,
-mask token, block size), the draft path, the tree budget, and that the attention backends can serve the mode. Each
+mask token, block size), the draft path, the tree budget, the EAGLE draft shape flags, and that the attention
+backends can serve the mode. Each
 problem is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. Both configs are
 loaded once, through SGLang's own loader, and passed to the checks and to the pairing warnings (a drafter trained for
 another Kimi release or quantization: logged, not refused). In tree mode the verify window is sized here.
@@ -197,6 +198,34 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
         )
 
 
+def _check_eagle_shape(cfg, algorithm: str) -> None:
+    """The EAGLE draft shape flags: none of them (SGLang picks), or steps with a top-k (and, for a tree, the draft
+    tokens). SGLang 0.5.23 dies on the other mixes with a bare TypeError or AssertionError."""
+    steps, topk, tokens = cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens
+    given = [
+        f"{flag} {value}"
+        for flag, value in (
+            ("--speculative-num-steps", steps),
+            ("--speculative-eagle-topk", topk),
+            ("--speculative-num-draft-tokens", tokens),
+        )
+        if value is not None
+    ]
+    shapes = (
+        "give --speculative-num-steps N with --speculative-eagle-topk 1 (a chain of N drafts), or with "
+        "--speculative-eagle-topk K > 1 and --speculative-num-draft-tokens M (a tree of M drafted tokens), or none "
+        "of the three (SGLang picks them)"
+    )
+    if steps is None and given:
+        raise SpeculativeConfigError(f"{algorithm} with {' '.join(given)} but no --speculative-num-steps: {shapes}")
+    if steps is not None and topk is None:
+        raise SpeculativeConfigError(f"{algorithm} with {' '.join(given)} but no --speculative-eagle-topk: {shapes}")
+    if topk is not None and topk > 1 and tokens is None:
+        raise SpeculativeConfigError(
+            f"{algorithm} tree (--speculative-eagle-topk {topk}) without --speculative-num-draft-tokens: {shapes}"
+        )
+
+
 def _backends(cfg) -> list[tuple[str, str | None]]:
     return [
         ("--attention-backend", cfg.attention_backend),
@@ -283,6 +312,8 @@ def _resolve_speculative(original, server_args):
             DEBUG_GREEDY_VERIFY_ENV,
         )
     drafter = None
+    if algorithm in ("EAGLE", "EAGLE3") and not args.adaptive and not getattr(cfg, "speculative_adaptive", False):
+        _check_eagle_shape(cfg, algorithm)
     if algorithm in ("DFLASH", "EAGLE3"):
         _check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = _check_pair(cfg, algorithm)

@@ -174,6 +174,16 @@ def cases(d):
         ),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
+        # EAGLE draft shapes SGLang dies on with a bare TypeError / AssertionError
+        (
+            eagle3(d["eagle3"], "--speculative-num-steps", "5"),
+            ["--speculative-num-steps 5 but no --speculative-eagle-topk"],
+        ),
+        (eagle3(d["eagle3"], "--speculative-eagle-topk", "4"), ["topk 4 but no --speculative-num-steps"]),
+        (
+            eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "4"),
+            ["tree (--speculative-eagle-topk 4) without --speculative-num-draft-tokens"],
+        ),
         # adaptive speculation: what it cannot drive, and settings files it cannot use
         (
             eagle3(
@@ -247,6 +257,8 @@ def good_settings(drafters) -> list[list[str]]:
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                "--speculative-num-draft-tokens", "6"),
+        eagle3(drafters["eagle3"]),  # SGLang picks the draft shape
+        eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
