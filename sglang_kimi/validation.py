@@ -3,10 +3,10 @@
 
 The drafter against the target (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids,
 mask token, block size), the draft path, the tree budget, the EAGLE draft shape flags, and that the attention
-backends can serve the mode. Each
-problem is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. Both configs are
-loaded once, through SGLang's own loader, and passed to the checks and to the pairing warnings (a drafter trained for
-another Kimi release or quantization: logged, not refused). In tree mode the verify window is sized here.
+backends can serve the mode. Each problem is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the
+values and the fix. Both configs are loaded once, through SGLang's own loader, and passed to the checks and to the
+pairing warnings (a drafter trained for another Kimi release or quantization: logged, not refused). In tree mode the
+verify window is sized here.
 """
 
 from __future__ import annotations
