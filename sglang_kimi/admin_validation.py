@@ -5,8 +5,8 @@ ends the scheduler (and with it the server), or makes every later request fail:
 
 - ``/start_expert_distribution_record``, ``/stop_…`` and ``/dump_…`` on a server started without
   ``--expert-distribution-recorder-mode``: the scheduler's recorder raises, and the scheduler dies;
-- ``/start_profile`` with an activity this server cannot record: ``GPU``, ``MEM`` or ``CUDA_PROFILER`` on a CPU
-  server (the torch profiler asserts, or ``torch.cuda`` is missing), ``RPD`` without ROCm's ``rpdTracerControl``
+- ``/start_profile`` with an activity this server cannot record: any but ``CPU`` on a CPU server (the torch
+  profiler asserts that it has no activity, or ``torch.cuda`` is missing), ``RPD`` without ROCm's ``rpdTracerControl``
   (an ImportError in the scheduler); an unknown activity name starts nothing and says it started;
 - ``/configure_logging`` with a ``log_requests_level`` outside 0-3 or a ``log_requests_format`` other than
   ``text`` / ``json``: SGLang stores the value, then fails to use it, so while request logging is on every later
@@ -27,9 +27,8 @@ from sglang_kimi.hooks import hook
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 LOG_REQUESTS_FORMATS = ("text", "json")
-# SGLang's profiler activities; each but CPU needs a GPU, RPD also ROCm's rpdTracerControl
+# SGLang's profiler activities; each but CPU records an accelerator, RPD also needs ROCm's rpdTracerControl
 PROFILER_ACTIVITIES = ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD", "XPU")
-GPU_ACTIVITIES = ("GPU", "MEM", "CUDA_PROFILER", "RPD")
 
 
 def _refuse(message: str):
@@ -69,9 +68,9 @@ def check_profile_activities(tokenizer_manager, req=None, *args, **kwargs):
     if unknown:
         _refuse(f"unknown profiler activities {unknown}: choose from {list(known)}")
     if str(getattr(tokenizer_manager.server_args, "device", "")) == "cpu":
-        on_gpu = [name for name in activities if name in GPU_ACTIVITIES]
-        if on_gpu:
-            _refuse(f"this server runs on the CPU and cannot record {on_gpu}: profile with activities ['CPU']")
+        on_device = [name for name in activities if name != "CPU"]
+        if on_device:
+            _refuse(f"this server runs on the CPU and cannot record {on_device}: profile with activities ['CPU']")
     if "RPD" in activities and importlib.util.find_spec("rpdTracerControl") is None:
         _refuse("the RPD activity needs ROCm's rpdTracerControl (rocmProfileData) installed in the server's Python")
     return None

@@ -37,6 +37,7 @@ def test_expert_distribution_needs_the_recorder_mode():
         ("cpu", ["GPU"], "runs on the CPU and cannot record ['GPU']"),
         ("cpu", ["CPU", "MEM"], "cannot record ['MEM']"),
         ("cpu", ["CUDA_PROFILER"], "cannot record ['CUDA_PROFILER']"),
+        ("cpu", ["XPU"], "cannot record ['XPU']"),
         ("cuda", ["CPU", "TPU"], "unknown profiler activities ['TPU']"),
         ("cuda", ["RPD"], "rpdTracerControl"),  # not installed here
     ],
