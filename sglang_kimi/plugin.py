@@ -192,8 +192,8 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
         "sglang_kimi.admin_validation:install_admin_validation",
         "upstream gap: admin requests end a serving server: the expert distribution endpoints without "
-        "--expert-distribution-recorder-mode and /start_profile with an activity the server cannot record (GPU, MEM "
-        "or CUDA_PROFILER on a CPU server, RPD without rpdTracerControl) end the scheduler; /configure_logging with a "
+        "--expert-distribution-recorder-mode and /start_profile with an activity the server cannot record (any but "
+        "CPU on a CPU server, RPD without rpdTracerControl) end the scheduler; /configure_logging with a "
         "log_requests_level outside 0-3 makes every later request HTTP 500. Refused with HTTP 400 naming the fix; a "
         "failed /start_profile or /stop_profile is a 400 instead of a 500",
         needs=(
