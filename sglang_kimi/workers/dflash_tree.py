@@ -52,6 +52,7 @@ from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
 from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
+from sglang_kimi.workers.sampled_batches import sampled_result_from_rank0
 from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
 
 logger = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         else:
             probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
             coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
-            result = verify_tree(tree, target_probs=probs, coins=coins)
+            result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins))
         commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
         order = path_first_order(result.accepted_nodes, window)  # [bs, N]
         committed_slots = verify_slots.gather(1, order)  # [bs, w+1]

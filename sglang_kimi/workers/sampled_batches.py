@@ -8,6 +8,7 @@ rule (``speculators.verify``), as long as the acceptance thresholds are the loss
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -37,12 +38,37 @@ def thresholds_are_lossless() -> bool:
     return spec.speculative_accept_threshold_single == 1.0 and spec.speculative_accept_threshold_acc == 1.0
 
 
-def broadcast_from_rank0(*tensors: torch.Tensor) -> None:
-    """As ``eagle_sample``: every TP rank commits rank 0's tokens."""
+def _verify_group():
     from sglang.srt.layers.dp_attention import is_dp_attention_enabled
     from sglang.srt.runtime_context import get_parallel
 
-    group = get_parallel().attn_tp_group if is_dp_attention_enabled() else get_parallel().tp_group
+    return get_parallel().attn_tp_group if is_dp_attention_enabled() else get_parallel().tp_group
+
+
+def broadcast_from_rank0(*tensors: torch.Tensor) -> None:
+    """As ``eagle_sample``: every TP rank commits rank 0's tokens."""
+    group = _verify_group()
     if group.world_size > 1:
         for t in tensors:
             group.broadcast(t, src=0)
+
+
+def sampled_result_from_rank0(result):
+    """A sampled verify's ``VerifyResult`` as rank 0 drew it, on every TP rank (one broadcast of the packed int64
+    fields). Each rank draws its own coins from its own generator; SGLang's DFLASH and EAGLE workers broadcast rank
+    0's sampled acceptance for the same reason: ranks that commit different tokens hold different KV from then on."""
+    group = _verify_group()
+    if group.world_size == 1:
+        return result
+    nodes, tokens = result.accepted_nodes.shape[1], result.output_tokens.shape[1]
+    packed = torch.cat(
+        [result.accepted_nodes, result.output_tokens, result.num_accepted[:, None], result.bonus[:, None]], dim=1
+    ).contiguous()  # [B, nodes + tokens + 2] int64
+    group.broadcast(packed, src=0)
+    return dataclasses.replace(
+        result,
+        accepted_nodes=packed[:, :nodes],
+        output_tokens=packed[:, nodes : nodes + tokens],
+        num_accepted=packed[:, nodes + tokens],
+        bonus=packed[:, nodes + tokens + 1],
+    )

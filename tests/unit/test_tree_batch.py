@@ -47,3 +47,37 @@ def test_verify_probs_expands_sampling_params_per_request():
     torch.testing.assert_close(probs[1], process_logits(rows[1], 1.0, 0, 0.8, 0.1))
     assert torch.equal(probs[2].argmax(-1), rows[2].argmax(-1)) and torch.equal(probs[2].max(-1).values, torch.ones(n))
     assert ((probs[0] > 0).sum(-1) == 5).all()
+
+
+def test_every_tp_rank_commits_rank_0s_sampled_verify(monkeypatch):
+    """A sampled tree verify draws coins from each rank's own generator; what every rank commits is rank 0's."""
+    from sglang_kimi.speculators.verify import VerifyResult
+    from sglang_kimi.workers import sampled_batches
+
+    def result(nodes, accepted, bonus, tokens):
+        return VerifyResult(torch.tensor(nodes), torch.tensor(accepted), torch.tensor(bonus), torch.tensor(tokens))
+
+    rank0 = result([[0, 1, 3], [0, -1, -1]], [2, 0], [8, 6], [[11, 13, 8], [6, -1, -1]])
+    rank1 = result([[0, 2, -1], [0, 1, -1]], [1, 1], [7, 9], [[12, 7, -1], [11, 9, -1]])
+
+    class TwoRanks:  # what a broadcast from rank 0 does to rank 1's tensor
+        world_size = 2
+        broadcasts = 0
+
+        def broadcast(self, tensor, src):
+            assert src == 0
+            tensor.copy_(torch.cat([rank0.accepted_nodes, rank0.output_tokens, rank0.num_accepted[:, None],
+                                    rank0.bonus[:, None]], dim=1))  # fmt: skip
+            TwoRanks.broadcasts += 1
+
+    monkeypatch.setattr(sampled_batches, "_verify_group", TwoRanks)
+    synced = sampled_batches.sampled_result_from_rank0(rank1)
+    assert TwoRanks.broadcasts == 1  # one collective per verify step
+    for field in ("accepted_nodes", "num_accepted", "bonus", "output_tokens"):
+        assert torch.equal(getattr(synced, field), getattr(rank0, field)), field
+
+    class OneRank:
+        world_size = 1
+
+    monkeypatch.setattr(sampled_batches, "_verify_group", OneRank)
+    assert sampled_batches.sampled_result_from_rank0(rank1) is rank1
