@@ -218,14 +218,7 @@ def check_tune_args(args: argparse.Namespace) -> None:
 
 def run_tune_moe(args: argparse.Namespace) -> Path:
     """Entry point of ``sglang-kimi tune moe``; returns the written table's path."""
-    import torch
-
     check_tune_args(args)
-    if not torch.cuda.is_available():
-        raise TuneError(
-            "`sglang-kimi tune moe` needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); "
-            "it times SGLang's Triton fused-MoE kernel on the device the tables are for"
-        )
     out_dir = args.output_dir or Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
     return tune_moe(
         experts=args.experts // args.ep,
@@ -345,12 +338,16 @@ def tune_moe(
     fastest, and write the table in SGLang's format to ``output_dir`` (merged over the table SGLang or the plugin
     would use today, so rows for other M stay). Returns the file's path. GPU only."""
     import torch
+
+    if not torch.cuda.is_available():  # before SGLang's MoE modules, whose imports need a GPU build
+        raise TuneError(
+            "tuning the fused-MoE kernel needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); it times "
+            "SGLang's Triton fused-MoE kernel on the device the tables are for"
+        )
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
     from tqdm import tqdm
 
-    if not torch.cuda.is_available():
-        raise TuneError("tuning the fused-MoE kernel needs a CUDA or ROCm GPU")
     device = torch.device("cuda", torch.cuda.current_device())
     device_name = torch.cuda.get_device_name(device).replace(" ", "_")
     m_values = m_values or verify_m_values()
