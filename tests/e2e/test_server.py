@@ -63,6 +63,23 @@ def test_generate_and_openai_endpoints_answer(tiny_server):
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] > 0
 
+    # the Responses API renders the same chat prompt: its greedy answer is a prefix of the chat completion's
+    model = requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    message = "How many eggs?"
+    greedy_chat = requests.post(
+        url + "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": message}], "max_tokens": 16, "temperature": 0},
+        timeout=300,
+    ).json()["choices"][0]["message"]["content"]
+    response = requests.post(
+        url + "/v1/responses",
+        json={"model": model, "input": message, "max_output_tokens": 16, "temperature": 0},
+        timeout=300,
+    )
+    assert response.status_code == 200, response.text
+    texts = [part["text"] for item in response.json()["output"] for part in item.get("content") or []]
+    assert texts and texts[0] and greedy_chat.startswith(texts[0]), (texts, greedy_chat)
+
 
 def test_greedy_is_deterministic_sequential_and_batched(tiny_server):
     url = tiny_server.base_url
