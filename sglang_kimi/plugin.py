@@ -220,6 +220,35 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "route-validation",
+        "sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__",
+        "sglang_kimi.route_validation:install_route_validation",
+        "upstream gap: /parse_function_call with an unknown or missing tool_call_parser, /separate_reasoning with an "
+        "unknown reasoning_parser and /vertex_generate with parameters that are not generate request fields raise "
+        "in the HTTP server (HTTP 500 with no reason). Refused with HTTP 400 naming the known parsers or the "
+        "unknown fields",
+        needs=(
+            "sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__",
+            "sglang.srt.function_call.function_call_parser.FunctionCallParser.ToolCallParserEnum",
+            "sglang.srt.parser.reasoning_parser.ReasoningParser.__init__",
+            "sglang.srt.parser.reasoning_parser.ReasoningParser.DetectorMap",
+            "sglang.srt.managers.io_struct.GenerateReqInput.__init__",
+        ),
+    ),
+    Entry(
+        "vertex-contract",
+        "sglang.srt.entrypoints.http_server.generate_request",
+        "sglang_kimi.route_validation:install_vertex_contract",
+        "upstream gap: /vertex_generate skips the API contract /generate checks its body against, so a "
+        "sampling_params key that does not exist or a value of the wrong type fails in the tokenizer manager "
+        "(HTTP 500). The request Vertex built is checked against /generate's contract: HTTP 400 with its message",
+        needs=(
+            "sglang.srt.entrypoints.http_server.generate_request",
+            "sglang.srt.entrypoints.api_contract.generate_contract_error",
+        ),
+        since=(0, 5, 22),  # SGLang's /generate API contract arrived there
+    ),
+    Entry(
         "dflash-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
         "sglang_kimi.req_to_token:install_dflash_row_headroom",

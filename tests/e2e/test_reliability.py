@@ -101,6 +101,45 @@ MATRIX = [
     ("profiling memory on a CPU server", "/start_profile", {"activities": ["CPU", "MEM"]}, "4xx"),
     ("stopping a profile that is not running", "/stop_profile", {}, "4xx"),
     ("request logging at level 5", "/configure_logging", {"log_requests": True, "log_requests_level": 5}, "4xx"),
+    # side routes that answered HTTP 500
+    ("unknown tool-call parser", "/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []}, "4xx"),
+    ("no tool-call parser", "/parse_function_call", {"text": "x", "tools": []}, "4xx"),
+    ("unknown reasoning parser", "/separate_reasoning", {"text": "x", "reasoning_parser": "nope"}, "4xx"),
+    (
+        "Vertex parameters that are not request fields",
+        "/vertex_generate",
+        {"instances": [{"text": PROMPT}], "parameters": {"max_new_tokens": 4}},
+        "4xx",
+    ),
+    (
+        "Vertex sampling_params with an unknown key",
+        "/vertex_generate",
+        {"instances": [{"text": PROMPT}], "parameters": {"sampling_params": {"max_new_tokens": 4, "temprature": 0}}},
+        "4xx",
+    ),
+    (
+        "Vertex sampling_params of the wrong type",
+        "/vertex_generate",
+        {"instances": [{"text": PROMPT}], "parameters": {"sampling_params": {"temperature": "low"}}},
+        "4xx",
+    ),
+    (
+        "Kimi tool-call parsing",
+        "/parse_function_call",
+        {
+            "text": "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>"
+            '{"a": 1}<|tool_call_end|><|tool_calls_section_end|>',
+            "tool_call_parser": "kimi_k2",
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
+        },
+        lambda o: [c["name"] for c in o["calls"]] == ["add"] and json.loads(o["calls"][0]["parameters"]) == {"a": 1},
+    ),
+    (
+        "Vertex predictions",
+        "/vertex_generate",
+        {"instances": [{"text": PROMPT}] * 2, "parameters": {"sampling_params": {"max_new_tokens": 4}}},
+        lambda o: [len(p["output_ids"]) for p in o["predictions"]] == [4, 4],
+    ),
     ("top_k -1 (no top-k)", "/generate", body(temperature=1.0, top_k=-1), lambda o: len(o["output_ids"]) == 8),
     (
         "top_k at int32's maximum",

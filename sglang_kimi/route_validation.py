@@ -1,0 +1,120 @@
+"""Bad requests to SGLang's side routes, answered with HTTP 400 naming the problem instead of HTTP 500.
+
+In SGLang 0.5.23 these raise an unhandled exception in the HTTP server (the server goes on serving, the client gets
+an "Internal Server Error" with no reason):
+
+- ``/parse_function_call`` with a ``tool_call_parser`` SGLang does not have (or none), and ``/separate_reasoning``
+  with an unknown ``reasoning_parser``: the parsers' constructors raise ``ValueError``. BEFORE hooks on
+  ``FunctionCallParser.__init__`` and ``ReasoningParser.__init__`` refuse the name with the list of known ones. The
+  OpenAI routes build the same parsers from ``--tool-call-parser`` / ``--reasoning-parser``, which SGLang's argument
+  parser already restricts to known names, so there the check never fires.
+- ``/vertex_generate`` (Vertex AI's predict route) builds a ``GenerateReqInput`` from ``parameters``: a key that is
+  not a field of it (``max_new_tokens`` at the top level, say) is a ``TypeError`` in the dataclass' constructor, and
+  since SGLang 0.5.22, whose ``/generate`` route checks its body against the API contract, a ``sampling_params``
+  with an unknown key or a value of the wrong type fails later in the tokenizer manager. A BEFORE hook on
+  ``GenerateReqInput.__init__`` refuses unknown fields; an AROUND hook on the module-level ``generate_request``
+  applies ``/generate``'s own contract to the request Vertex built. The ``/generate`` route itself holds the
+  original function (FastAPI kept it when the route was declared), so the hook is reached only from SGLang's own
+  callers of ``generate_request``: ``/vertex_generate``.
+
+Each refusal is an exception that is both a ``fastapi.HTTPException`` (status 400, answered as an error object by
+SGLang's HTTP server) and the exception SGLang would have raised (``ValueError`` / ``TypeError``), so code that
+catches those behaves as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import HTTPException
+
+from sglang_kimi.hooks import hook
+
+FUNCTION_CALL_PARSER = "sglang.srt.function_call.function_call_parser.FunctionCallParser"
+REASONING_PARSER = "sglang.srt.parser.reasoning_parser.ReasoningParser"
+GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
+GENERATE_ROUTE = "sglang.srt.entrypoints.http_server.generate_request"
+
+
+class UnknownName(HTTPException, ValueError):
+    """A parser name SGLang does not have (a ValueError there)."""
+
+    def __init__(self, message: str):
+        super().__init__(status_code=400, detail=message)
+
+
+class UnknownField(HTTPException, TypeError):
+    """A keyword the request dataclass does not have (a TypeError there)."""
+
+    def __init__(self, message: str):
+        super().__init__(status_code=400, detail=message)
+
+
+class ContractViolation(HTTPException, ValueError):
+    """A request the ``/generate`` API contract refuses."""
+
+    def __init__(self, message: str):
+        super().__init__(status_code=400, detail=message)
+
+
+def check_tool_call_parser(parser, tools=None, tool_call_parser=None, *args, **kwargs):
+    """BEFORE ``FunctionCallParser.__init__(self, tools, tool_call_parser, ...)``."""
+    known = parser.ToolCallParserEnum
+    if tool_call_parser not in known:
+        given = "no tool_call_parser" if tool_call_parser is None else f"unknown tool_call_parser {tool_call_parser!r}"
+        raise UnknownName(f"{given}: choose one of {sorted(known)}")
+
+
+def check_reasoning_parser(parser, model_type=None, *args, **kwargs):
+    """BEFORE ``ReasoningParser.__init__(self, model_type, ...)``; SGLang matches the name case-insensitively."""
+    known = parser.DetectorMap
+    if not isinstance(model_type, str) or model_type.lower() not in known:
+        given = "no reasoning_parser" if not model_type else f"unknown reasoning_parser {model_type!r}"
+        raise UnknownName(f"{given}: choose one of {sorted(known)}")
+
+
+def check_generate_fields(request, *args, **kwargs):
+    """BEFORE ``GenerateReqInput.__init__``: every keyword is one of its fields."""
+    unknown = sorted(set(kwargs) - {field.name for field in dataclasses.fields(request)})
+    if unknown:
+        hint = " (sampling options go in sampling_params)" if "sampling_params" not in unknown else ""
+        names = ", ".join(repr(name) for name in unknown)
+        raise UnknownField(
+            f"not {'a generate request field' if len(unknown) == 1 else 'generate request fields'}: {names}{hint}"
+        )
+
+
+def _given_fields(request) -> dict:
+    """The fields of a ``GenerateReqInput`` that differ from their defaults: the request as a ``/generate`` body."""
+    body = {}
+    for field in dataclasses.fields(request):
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(request, field.name)
+        if default is dataclasses.MISSING or value != default:
+            body[field.name] = value
+    return body
+
+
+async def check_generate_contract(original, request, raw_request, *args, **kwargs):
+    """AROUND ``http_server.generate_request(obj, request)`` as Vertex's route calls it."""
+    from sglang.srt.entrypoints.api_contract import generate_contract_error
+
+    error = generate_contract_error(_given_fields(request))
+    if error is not None:
+        raise ContractViolation(error)
+    return await original(request, raw_request, *args, **kwargs)
+
+
+def install_route_validation(target: str):
+    hook(target, check_tool_call_parser, "BEFORE")
+    hook(f"{REASONING_PARSER}.__init__", check_reasoning_parser, "BEFORE")
+    hook(f"{GENERATE_REQ_INPUT}.__init__", check_generate_fields, "BEFORE")
+
+
+def install_vertex_contract(target: str):
+    hook(target, check_generate_contract, "AROUND")

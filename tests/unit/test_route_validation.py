@@ -1,0 +1,78 @@
+"""Side-route validation (``sglang_kimi/route_validation.py``): unknown parser names and Vertex parameters that are
+not generate request fields, or break ``/generate``'s contract, are HTTP 400s that are still the exception SGLang
+raised; valid ones reach SGLang unchanged."""
+
+import asyncio
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+from fastapi import HTTPException
+
+from sglang_kimi.route_validation import (
+    check_generate_contract,
+    check_generate_fields,
+    check_reasoning_parser,
+    check_tool_call_parser,
+)
+
+TOOL_PARSERS = SimpleNamespace(ToolCallParserEnum={"kimi_k2": object, "deepseekv3": object})
+REASONING_PARSERS = SimpleNamespace(DetectorMap={"kimi": object, "deepseek-r1": object})
+
+
+def refused(call, *args, kind=ValueError, **kwargs) -> str:
+    with pytest.raises(HTTPException) as info:
+        call(*args, **kwargs)
+    assert info.value.status_code == 400
+    assert isinstance(info.value, kind)  # callers that catch SGLang's own exception still catch it
+    return info.value.detail
+
+
+def test_unknown_or_missing_tool_call_parser_is_refused_with_the_known_names():
+    assert "unknown tool_call_parser 'nope'" in refused(check_tool_call_parser, TOOL_PARSERS, [], "nope")
+    message = refused(check_tool_call_parser, TOOL_PARSERS, tools=[], tool_call_parser=None)
+    assert message.startswith("no tool_call_parser") and "['deepseekv3', 'kimi_k2']" in message
+    assert check_tool_call_parser(TOOL_PARSERS, [], "kimi_k2") is None
+
+
+def test_reasoning_parser_names_match_case_insensitively_as_in_sglang():
+    assert check_reasoning_parser(REASONING_PARSERS, "KIMI") is None
+    assert check_reasoning_parser(REASONING_PARSERS, model_type="deepseek-r1") is None
+    assert "unknown reasoning_parser 'qwen9'" in refused(check_reasoning_parser, REASONING_PARSERS, "qwen9")
+    assert refused(check_reasoning_parser, REASONING_PARSERS, "").startswith("no reasoning_parser")
+    assert refused(check_reasoning_parser, REASONING_PARSERS, None).startswith("no reasoning_parser")
+
+
+@dataclasses.dataclass
+class Request:  # the shape of GenerateReqInput: fields with defaults and default factories
+    text: object = None
+    input_ids: object = None
+    sampling_params: dict = dataclasses.field(default_factory=dict)
+    return_logprob: bool = False
+
+
+def test_generate_request_keywords_must_be_fields():
+    message = refused(check_generate_fields, Request, kind=TypeError, text=["x"], max_new_tokens=4)
+    assert "not a generate request field: 'max_new_tokens'" in message and "sampling_params" in message
+    message = refused(check_generate_fields, Request, kind=TypeError, text="x", b=1, a=2)
+    assert "not generate request fields: 'a', 'b'" in message
+    assert check_generate_fields(Request, text="x", sampling_params={}, return_logprob=True) is None
+
+
+def vertex(request):
+    async def original(obj, raw_request):
+        return ("served", obj)
+
+    return asyncio.run(check_generate_contract(original, request, None))
+
+
+def test_vertex_requests_meet_the_generate_contract():
+    ok = Request(text=["a", "b"], sampling_params={"max_new_tokens": 4, "temperature": 0}, return_logprob=True)
+    assert vertex(ok) == ("served", ok)
+    assert vertex(Request(input_ids=[[1, 2]])) == ("served", Request(input_ids=[[1, 2]]))
+    with pytest.raises(HTTPException) as info:
+        vertex(Request(text=["a"], sampling_params={"max_new_tokens": 4, "temprature": 0}))
+    assert info.value.status_code == 400 and "unknown field `temprature`" in info.value.detail
+    with pytest.raises(HTTPException) as info:
+        vertex(Request(text=["a"], sampling_params={"temperature": "low"}))
+    assert "expected f64" in info.value.detail
