@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 from support.processes import tagged
+from support.served_logprobs import compare_logprobs
 
 from sglang_kimi.plugin import REGISTRATIONS
 from sglang_kimi.server import fetch_plugin_state
@@ -102,29 +103,12 @@ def test_logprobs_match_transformers_prefill_and_decode(tiny_server):
     from sglang_kimi.models.tiny import load_hf_reference
 
     model, tokenizer = load_hf_reference()
-    ids = tokenizer(PROMPT)["input_ids"]
-    out = requests.post(
-        tiny_server.base_url + "/generate",
-        json={
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": 16, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        },
-        timeout=300,
-    ).json()
-    prefill = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]  # the first token has none
-    decode = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-    tokens = torch.tensor([ids + out["output_ids"]])
-    with torch.no_grad():
-        reference = torch.log_softmax(model(tokens).logits.float(), dim=-1)[0]  # [T, V]
-    expected = reference[:-1].gather(1, tokens[0, 1:, None])[:, 0]  # [T-1]
-    got = torch.tensor(prefill + decode)
-    prefill_error = (got[: len(prefill)] - expected[: len(prefill)]).abs().max().item()
-    decode_error = (got[len(prefill) :] - expected[len(prefill) :]).abs().max().item()
+    compared = compare_logprobs(tiny_server.base_url, model, tokenizer, PROMPT)
+    prefill_error = compared.error(slice(None, compared.num_prefill))
+    decode_error = compared.error(slice(compared.num_prefill, None))
     assert prefill_error < 1e-3 and decode_error < 1e-3, (prefill_error, decode_error)
-    greedy = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids) :].tolist()
-    assert greedy == out["output_ids"]
+    greedy = model.generate(torch.tensor([compared.prompt_ids]), max_new_tokens=16, do_sample=False)
+    assert greedy[0, len(compared.prompt_ids) :].tolist() == compared.output_ids
 
 
 def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):

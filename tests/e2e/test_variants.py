@@ -24,6 +24,7 @@ import pytest
 import requests
 import torch
 from support.data import GSM8K_DIR
+from support.served_logprobs import compare_logprobs
 
 from sglang_kimi import cli, kv_calibration
 from sglang_kimi.models import kv_scales
@@ -178,29 +179,11 @@ def test_variant_logprobs_match_the_dequantized_reference(variant_servers, name,
     assert FALLBACK_LOG[fmt] in log.read_text()
 
     model, tokenizer = _reference(path, tmp_path)
-    ids = tokenizer(PROMPT)["input_ids"]
-    out = requests.post(
-        server.base_url + "/generate",
-        json={
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": 16, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        },
-        timeout=600,
-    ).json()
-    prefill = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]  # the first token has none
-    decode = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-    tokens = torch.tensor([ids + out["output_ids"]])
-    with torch.no_grad():
-        reference = torch.log_softmax(model(tokens).logits.float(), dim=-1)[0]  # [T, V]
-    expected = reference[:-1].gather(1, tokens[0, 1:, None])[:, 0]  # [T-1]
-    got = torch.tensor(prefill + decode)
-    error = (got - expected).abs().max().item()
-    print(f"{name}: max |logprob - reference| = {error:.2e} over {len(got)} tokens")
+    compared = compare_logprobs(server.base_url, model, tokenizer, PROMPT, timeout=600)
+    error = compared.error()
+    print(f"{name}: max |logprob - reference| = {error:.2e} over {len(compared.served)} tokens")
     assert error < LOGPROB_TOLERANCE, error
-    greedy = reference[len(ids) - 1 : -1].argmax(-1).tolist()  # teacher-forced argmax = the reference's greedy
-    assert greedy == out["output_ids"]
+    assert compared.reference_greedy() == compared.output_ids  # teacher-forced argmax = the reference's greedy
 
 
 def test_quantization_is_not_a_no_op(variant_servers):
