@@ -120,6 +120,19 @@ REGISTRATIONS: tuple[Entry, ...] = (
         when=CPU_ONLY,
     ),
     Entry(
+        "cpu-dflash-draft-rope",
+        "sglang.srt.models.dflash.DFlashAttention.__init__",
+        "sglang_kimi.cpu.fixes:install_dflash_draft_torch_rope",
+        "upstream bug: the DFLASH drafter's attention runs q/k norm and RoPE as a Triton kernel whenever its "
+        "activations are bfloat16, also on CPU (RuntimeError: 0 active drivers: a --dtype bfloat16 DFLASH server "
+        "ended at its first request); on CPU take SGLang's torch path, as for every other dtype",
+        when=CPU_ONLY,
+        needs=(
+            "sglang.srt.models.dflash.DFlashAttention.__init__",
+            "sglang.srt.models.dflash.apply_qk_norm",
+        ),
+    ),
+    Entry(
         "input-embeds-model-dtype",
         "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs",
         "sglang_kimi.cpu.fixes:install_input_embeds_dtype",

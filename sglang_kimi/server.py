@@ -292,6 +292,24 @@ class LaunchSpec:
         return f"http://{host}:{self.port}"
 
 
+# KV cache dtypes SGLang serves on CPU with the kimi_cpu backend (any model dtype); SGLang's CPU FP8 KV cache
+# (fp8_e4m3) is for MHA models on the intel_amx backend and AMX CPUs, and it refuses fp8_e5m2 on every CPU.
+CPU_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
+
+
+def check_cpu_kv_cache_dtype(args: list[str]) -> None:
+    """Refuse a KV cache dtype SGLang cannot serve on CPU before it loads weights (it fails in the scheduler)."""
+    value = _flag_value(args, "--kv-cache-dtype")
+    backend = _flag_value(args, "--attention-backend")
+    if value is None or value in CPU_KV_CACHE_DTYPES or (value == "fp8_e4m3" and backend == "intel_amx"):
+        return
+    raise LaunchError(
+        f"--kv-cache-dtype {value} is not served on CPU with --attention-backend {backend}: SGLang keeps a CPU KV "
+        "cache in FP8 only for MHA models on the intel_amx backend, and Kimi attends with MLA; on CPU use "
+        "--kv-cache-dtype auto or bf16 (FP8 and FP4 KV caches run on CUDA and ROCm GPUs)"
+    )
+
+
 def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int | None = None) -> LaunchSpec:
     """The argv and environment that start ``sglang.launch_server`` with ``sglang_args``.
 
@@ -324,6 +342,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
         for flag, value in CPU_DEFAULTS.items():
             if not _has_flag(args, flag):
                 args += [flag] if value is None else [flag, value]
+        check_cpu_kv_cache_dtype(args)
     env, shims = sglang_env(cpu)
     tp = _flag_value(args, "--tp") or _flag_value(args, "--tp-size") or _flag_value(args, "--tensor-parallel-size")
     if tp is not None and not tp.isdigit():

@@ -201,3 +201,17 @@ def install_no_triton_for_kimi_cpu(target: str):
     from sglang_kimi.hooks import hook
 
     hook(target, _no_triton_for_kimi_cpu, "AROUND")
+
+
+def _dflash_attention_without_triton_rope(result, self, *args, **kwargs):
+    self.use_table_qk_norm_rope = False  # the torch path: apply_qk_norm, then the rotary embedding
+
+
+def install_dflash_draft_torch_rope(target: str):
+    """``DFlashAttention`` runs its q/k norm and rotary embedding as one Triton kernel (``table_qk_norm_rope_``)
+    whenever the drafter's activations are bfloat16; on CPU Triton has no driver, so a ``--dtype bfloat16`` DFLASH
+    server ended at its first draft block. On CPU the drafter takes SGLang's torch path (the one every other dtype
+    takes)."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _dflash_attention_without_triton_rope, "AFTER")

@@ -148,6 +148,33 @@ def test_cpu_launch_command_applies_defaults_and_keeps_user_flags(tmp_path):
     assert (str(server.SHIMS_DIR) in spec.env.get("PYTHONPATH", "")) == bool(spec.shims)
 
 
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"])
+def test_cpu_launch_refuses_kv_cache_dtypes_sglang_cannot_serve_there(tmp_path, dtype):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(server.LaunchError, match=f"--kv-cache-dtype {dtype} is not served on CPU.*auto or bf16"):
+        server.launch_command(
+            ["--model-path", str(tmp_path), f"--kv-cache-dtype={dtype}"], cpu=True, port=server.free_port()
+        )
+    gpu = server.launch_command(
+        ["--model-path", str(tmp_path), "--kv-cache-dtype", dtype], cpu=False, port=server.free_port()
+    )
+    assert gpu.argv[gpu.argv.index("--kv-cache-dtype") + 1] == dtype
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--kv-cache-dtype", "bf16"],
+        ["--kv-cache-dtype", "auto"],
+        ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "intel_amx"],
+    ],
+)
+def test_cpu_launch_passes_kv_cache_dtypes_sglang_serves_there(tmp_path, flags):
+    (tmp_path / "config.json").write_text("{}")
+    spec = server.launch_command(["--model-path", str(tmp_path), *flags], cpu=True, port=server.free_port())
+    assert spec.argv[spec.argv.index("--kv-cache-dtype") + 1] == flags[1]
+
+
 def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
