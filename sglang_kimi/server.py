@@ -297,17 +297,23 @@ class LaunchSpec:
 CPU_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 
 
-def check_cpu_kv_cache_dtype(args: list[str]) -> None:
-    """Refuse a KV cache dtype SGLang cannot serve on CPU before it loads weights (it fails in the scheduler)."""
-    value = _flag_value(args, "--kv-cache-dtype")
+def check_cpu_args(args: list[str]) -> None:
+    """Refuse, before SGLang loads weights, CPU settings its scheduler would fail on: a KV cache dtype SGLang cannot
+    keep on CPU, and a page size the kimi_cpu backend does not serve."""
     backend = _flag_value(args, "--attention-backend")
-    if value is None or value in CPU_KV_CACHE_DTYPES or (value == "fp8_e4m3" and backend == "intel_amx"):
-        return
-    raise LaunchError(
-        f"--kv-cache-dtype {value} is not served on CPU with --attention-backend {backend}: SGLang keeps a CPU KV "
-        "cache in FP8 only for MHA models on the intel_amx backend, and Kimi attends with MLA; on CPU use "
-        "--kv-cache-dtype auto or bf16 (FP8 and FP4 KV caches run on CUDA and ROCm GPUs)"
-    )
+    value = _flag_value(args, "--kv-cache-dtype")
+    if value is not None and value not in CPU_KV_CACHE_DTYPES and not (value == "fp8_e4m3" and backend == "intel_amx"):
+        raise LaunchError(
+            f"--kv-cache-dtype {value} is not served on CPU with --attention-backend {backend}: SGLang keeps a CPU KV "
+            "cache in FP8 only for MHA models on the intel_amx backend, and Kimi attends with MLA; on CPU use "
+            "--kv-cache-dtype auto or bf16 (FP8 and FP4 KV caches run on CUDA and ROCm GPUs)"
+        )
+    page_size = _flag_value(args, "--page-size")
+    if backend == KIMI_CPU_BACKEND and page_size is not None and page_size != "1":
+        raise LaunchError(
+            f"--page-size {page_size}: the {KIMI_CPU_BACKEND} attention backend keeps one token per KV page; "
+            "drop --page-size (or pass --page-size 1) on CPU"
+        )
 
 
 def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int | None = None) -> LaunchSpec:
@@ -342,7 +348,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
         for flag, value in CPU_DEFAULTS.items():
             if not _has_flag(args, flag):
                 args += [flag] if value is None else [flag, value]
-        check_cpu_kv_cache_dtype(args)
+        check_cpu_args(args)
     env, shims = sglang_env(cpu)
     tp = _flag_value(args, "--tp") or _flag_value(args, "--tp-size") or _flag_value(args, "--tensor-parallel-size")
     if tp is not None and not tp.isdigit():

@@ -175,6 +175,18 @@ def test_cpu_launch_passes_kv_cache_dtypes_sglang_serves_there(tmp_path, flags):
     assert spec.argv[spec.argv.index("--kv-cache-dtype") + 1] == flags[1]
 
 
+def test_cpu_launch_refuses_pages_the_kimi_cpu_backend_does_not_serve(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(server.LaunchError, match="--page-size 16: the kimi_cpu attention backend keeps one token"):
+        server.launch_command(["--model-path", str(tmp_path), "--page-size", "16"], cpu=True, port=server.free_port())
+    one = server.launch_command(["--model-path", str(tmp_path), "--page-size=1"], cpu=True, port=server.free_port())
+    assert "--page-size=1" in one.argv
+    gpu = server.launch_command(
+        ["--model-path", str(tmp_path), "--page-size", "16"], cpu=False, port=server.free_port()
+    )
+    assert gpu.argv[gpu.argv.index("--page-size") + 1] == "16"
+
+
 def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
