@@ -6,8 +6,8 @@ an "Internal Server Error" with no reason):
 - ``/parse_function_call`` with a ``tool_call_parser`` SGLang does not have (or none), and ``/separate_reasoning``
   with an unknown ``reasoning_parser``: the parsers' constructors raise ``ValueError``. BEFORE hooks on
   ``FunctionCallParser.__init__`` and ``ReasoningParser.__init__`` refuse the name with the list of known ones. The
-  OpenAI routes build the same parsers from ``--tool-call-parser`` / ``--reasoning-parser``, which SGLang's argument
-  parser already restricts to known names, so there the check never fires.
+  OpenAI routes build the same parsers from ``--tool-call-parser`` / ``--reasoning-parser`` only when those are set,
+  and SGLang's argument parser restricts them to known names, so there the check never fires.
 - ``/vertex_generate`` (Vertex AI's predict route) builds a ``GenerateReqInput`` from ``parameters``: a key that is
   not a field of it (``max_new_tokens`` at the top level, say) is a ``TypeError`` in the dataclass' constructor, and
   since SGLang 0.5.22, whose ``/generate`` route checks its body against the API contract, a ``sampling_params``
@@ -30,10 +30,8 @@ from fastapi import HTTPException
 
 from sglang_kimi.hooks import hook
 
-FUNCTION_CALL_PARSER = "sglang.srt.function_call.function_call_parser.FunctionCallParser"
 REASONING_PARSER = "sglang.srt.parser.reasoning_parser.ReasoningParser"
 GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
-GENERATE_ROUTE = "sglang.srt.entrypoints.http_server.generate_request"
 
 
 class UnknownName(HTTPException, ValueError):
