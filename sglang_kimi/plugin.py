@@ -194,10 +194,12 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "scheduler (IndexError / device-side assert in the embedding, a 0-token MoE batch, an overflow, topk out of "
         "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints; "
         "so are an invalid stop_regex and per-prompt lists of the wrong length (SGLang answers HTTP 500), and n "
-        "below 1, an empty stop string and stop token ids outside the vocabulary (served, but not as asked)",
+        "below 1, an empty stop string, stop token ids outside the vocabulary, and /v1/completions' best_of other "
+        "than n and suffix (served, but not as asked)",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
             "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+            "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
         ),
     ),
     Entry(

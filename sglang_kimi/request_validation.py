@@ -17,6 +17,8 @@ scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logp
 
 Three more would be served, but not as asked: ``n`` below 1 (SGLang samples one completion), an empty ``stop``
 string (every completion ends at its first token) and ``stop_token_ids`` outside the vocabulary (never matched).
+So would two ``/v1/completions`` options SGLang accepts and ignores (an AFTER hook on that route's
+``_validate_request``, whose message SGLang answers with 400): ``best_of`` other than ``n``, and a ``suffix``.
 
 Two more checks turn what SGLang answers with HTTP 500 (an unhandled exception in the HTTP server) into a 400: a
 ``stop_regex`` that does not compile, and, after ``GenerateReqInput.normalize_batch_and_arguments``, per-prompt
@@ -157,8 +159,30 @@ def check_normalized_batch(result, obj, *args, **kwargs):
     return None
 
 
+def check_completion_options(result, serving, request, *args, **kwargs):
+    """AFTER ``OpenAIServingCompletion._validate_request(self, request)`` (its message is an HTTP 400): SGLang's
+    ``/v1/completions`` accepts ``best_of`` and ``suffix`` and uses neither, so a request for the best of several
+    samples, or for text to insert before a suffix, would get one plain completion."""
+    if result is not None:
+        return result
+    best_of, n = getattr(request, "best_of", None), getattr(request, "n", 1) or 1
+    if best_of is not None and best_of != n:
+        return (
+            f"best_of {best_of} with n {n}: SGLang generates no extra completions to pick from; ask for n={best_of} "
+            "completions with logprobs and pick among them"
+        )
+    if getattr(request, "suffix", None):
+        return "suffix is not served: SGLang completes the prompt only (no text inserted before a suffix)"
+    return None
+
+
 def install_request_validation(target: str):
     hook(target, validate_request, "BEFORE")
+    hook(
+        "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
+        check_completion_options,
+        "AFTER",
+    )
     hook(
         "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", check_normalized_batch, "AFTER"
     )

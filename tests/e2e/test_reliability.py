@@ -92,6 +92,18 @@ MATRIX = [
     ("OpenAI completion, empty prompt", "/v1/completions", {"model": "m", "prompt": "", "max_tokens": 4}, "4xx"),
     ("OpenAI chat, no messages", "/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 4}, "4xx"),
     ("n 0", "/generate", body(temperature=0.8, n=0), "4xx"),
+    (
+        "OpenAI completion, best_of",
+        "/v1/completions",
+        {"model": "m", "prompt": "hi", "max_tokens": 4, "best_of": 3},
+        "4xx",
+    ),
+    (
+        "OpenAI completion, suffix",
+        "/v1/completions",
+        {"model": "m", "prompt": "hi", "max_tokens": 4, "suffix": "!"},
+        "4xx",
+    ),
     ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
     ("stop token id outside the vocabulary", "/generate", body(stop_token_ids=[13, VOCAB]), "4xx"),
     # admin requests that ended the scheduler, or failed every later request

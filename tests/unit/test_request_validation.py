@@ -5,7 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi.request_validation import PER_PROMPT_FIELDS, check_normalized_batch, validate_request
+from sglang_kimi.request_validation import (
+    PER_PROMPT_FIELDS,
+    check_completion_options,
+    check_normalized_batch,
+    validate_request,
+)
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100, hidden_size=4))
 
@@ -169,3 +174,30 @@ def test_per_prompt_lists_must_match_the_batch(obj, message):
 )
 def test_batches_sglang_serves_pass(obj):
     assert check_normalized_batch(None, obj) is None
+
+
+def completion(**fields):
+    return SimpleNamespace(**({"n": 1, "best_of": None, "suffix": None} | fields))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"best_of": 3}, "best_of 3 with n 1: SGLang generates no extra completions"),
+        ({"best_of": 2, "n": 4}, "best_of 2 with n 4"),
+        ({"suffix": "end"}, "suffix is not served"),
+    ],
+)
+def test_completion_options_sglang_ignores_are_refused(fields, message):
+    assert message in check_completion_options(None, object(), completion(**fields))
+
+
+@pytest.mark.parametrize("fields", [{}, {"best_of": 1}, {"best_of": 3, "n": 3}, {"suffix": ""}, {"n": 2}])
+def test_completion_options_sglang_serves_pass(fields):
+    assert check_completion_options(None, object(), completion(**fields)) is None
+
+
+def test_sglangs_own_completion_refusal_is_kept():
+    assert (
+        check_completion_options("Prompt cannot be empty", object(), completion(best_of=3)) == "Prompt cannot be empty"
+    )
