@@ -34,25 +34,19 @@ REASONING_PARSER = "sglang.srt.parser.reasoning_parser.ReasoningParser"
 GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
 
 
-class UnknownName(HTTPException, ValueError):
-    """A parser name SGLang does not have (a ValueError there)."""
+class BadRequest(HTTPException):
+    """HTTP 400 with ``message``; the subclasses are also the exception SGLang raised at that place."""
 
     def __init__(self, message: str):
         super().__init__(status_code=400, detail=message)
 
 
-class UnknownField(HTTPException, TypeError):
-    """A keyword the request dataclass does not have (a TypeError there)."""
-
-    def __init__(self, message: str):
-        super().__init__(status_code=400, detail=message)
+class BadValue(BadRequest, ValueError):
+    """A parser name SGLang does not have, or a request the ``/generate`` API contract refuses."""
 
 
-class ContractViolation(HTTPException, ValueError):
-    """A request the ``/generate`` API contract refuses."""
-
-    def __init__(self, message: str):
-        super().__init__(status_code=400, detail=message)
+class UnknownField(BadRequest, TypeError):
+    """A keyword the request dataclass does not have."""
 
 
 def check_tool_call_parser(parser, tools=None, tool_call_parser=None, *args, **kwargs):
@@ -60,7 +54,7 @@ def check_tool_call_parser(parser, tools=None, tool_call_parser=None, *args, **k
     known = parser.ToolCallParserEnum
     if tool_call_parser not in known:
         given = "no tool_call_parser" if tool_call_parser is None else f"unknown tool_call_parser {tool_call_parser!r}"
-        raise UnknownName(f"{given}: choose one of {sorted(known)}")
+        raise BadValue(f"{given}: choose one of {sorted(known)}")
 
 
 def check_reasoning_parser(parser, model_type=None, *args, **kwargs):
@@ -68,7 +62,7 @@ def check_reasoning_parser(parser, model_type=None, *args, **kwargs):
     known = parser.DetectorMap
     if not isinstance(model_type, str) or model_type.lower() not in known:
         given = "no reasoning_parser" if not model_type else f"unknown reasoning_parser {model_type!r}"
-        raise UnknownName(f"{given}: choose one of {sorted(known)}")
+        raise BadValue(f"{given}: choose one of {sorted(known)}")
 
 
 def check_generate_fields(request, *args, **kwargs):
@@ -104,7 +98,7 @@ async def check_generate_contract(original, request, raw_request, *args, **kwarg
 
     error = generate_contract_error(_given_fields(request))
     if error is not None:
-        raise ContractViolation(error)
+        raise BadValue(error)
     return await original(request, raw_request, *args, **kwargs)
 
 
