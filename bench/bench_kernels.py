@@ -166,9 +166,8 @@ def _sglang_decode_baseline(torch, case, heads, nodes, scale):
     lse = torch.empty(queries, heads, max_splits, dtype=torch.float32, device=device)
     splits = torch.full((queries,), max_splits, dtype=torch.int32, device=device)
     out = torch.empty(queries, heads, 512, dtype=case["q"].dtype, device=device)
-    kv = case["kv"]
 
-    def run(q):
+    def run(q, kv):
         decode_attention_fwd(
             q,
             kv,
@@ -215,16 +214,16 @@ def bench_attention(ctx):
         kv_rows = sum(case["lengths"])
         floor_bytes = kv_rows * 576 * elem + 2 * case["q"].numel() * elem + kv_rows * 4  # KV once, q, out, slots
         n_copies = copies_for_cache(torch, device, kv_rows * 576 * elem)
-        qs = [(case["q"].clone(),) for _ in range(n_copies)]
+        qs = [(case["q"].clone(), case["kv"].clone()) for _ in range(n_copies)]  # the cache rotated too: not in L2
         name = f"B={batch} N={nodes} H={heads} prefix<={prefix}"
-        common = (case["kv"], case["r2t"], case["pool"], case["prefix"], case["mask"], scale)
+        common = (case["r2t"], case["pool"], case["prefix"], case["mask"], scale)
         row = {"section": "attention", "case": name, "bytes": floor_bytes}
         variants = [("tree kernel", {}), ("tree kernel fused", {"num_kv_splits": 1})]
         if not ctx["smoke"]:  # larger query tiles: fewer prefix re-reads, some register spills (see default_config)
             variants.append(("tree kernel 32x16 tile, 8 warps", {"block_m": 32, "block_n": 16, "num_warps": 8}))
         kernel_ms = None
         for impl, kw in variants:
-            fn = lambda q, kw=kw: tm.tree_mla_attention(q, *common, **kw)  # noqa: E731
+            fn = lambda q, kv, kw=kw: tm.tree_mla_attention(q, kv, *common, **kw)  # noqa: E731
             ms, ms2 = timer(fn, qs), timer(fn, qs)
             kernel_ms = kernel_ms or ms
             gbs = floor_bytes / ms / 1e6
@@ -239,13 +238,15 @@ def bench_attention(ctx):
                 }
             )
         ref_ms = (
-            timer(lambda q: tm.tree_mla_attention_ref(q, *common), qs[:1]) if batch * nodes * heads <= 8192 else None
+            timer(lambda q, kv: tm.tree_mla_attention_ref(q, kv, *common), qs[:1])
+            if batch * nodes * heads <= 8192
+            else None
         )
         rows.append({**row, "impl": "torch twin", "ms": ref_ms, "x_vs_kernel": ref_ms / kernel_ms if ref_ms else None})
         base = _sglang_decode_baseline(torch, case, heads, nodes, scale)
         if callable(base):
-            mine = tm.tree_mla_attention(case["q"], *common).float()
-            err = float((base(case["q"]).float() - mine).norm() / mine.norm())  # the same function, computed twice
+            mine = tm.tree_mla_attention(case["q"], case["kv"], *common).float()
+            err = float((base(case["q"], case["kv"]).float() - mine).norm() / mine.norm())  # the same, computed twice
             ms = timer(base, qs)
             rows.append(
                 {
@@ -352,65 +353,80 @@ def bench_verify(ctx):
 
 
 def bench_moe(ctx):
-    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    torch, device = ctx["torch"], ctx["device"]
     if device.type != "cuda":
         return [{"section": "moe", "case": "-", "impl": "-", "note": "GPU only (SGLang's fused-MoE Triton kernel)"}]
     from sglang_kimi.kernels import moe_configs as mt
     from sglang_kimi.kernels import moe_tuner as tuner
 
     try:
-        from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
-        from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
-        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
-            get_default_config,
-            get_moe_configs,
-        )
+        from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         return [{"section": "moe", "case": "-", "impl": "-", "note": f"SGLang fused MoE unavailable: {exc}"}]
     device_name = torch.cuda.get_device_name(device).replace(" ", "_")
     tables = mt.tables_for_device(device_name)
     if not tables:
         return [{"section": "moe", "case": device_name, "impl": "-", "note": "no plugin table for this device"}]
+    rows = []
+    with tuner.sglang_exec_context():
+        for name, path in tables:
+            info = mt.parse_config_file_name(name)
+            if info["down_moe"] or info["dtype"] not in (None, "fp8_w8a8"):
+                continue
+            try:
+                rows += _bench_moe_table(ctx, name, info, mt.read_table(path))
+            except Exception as exc:  # noqa: BLE001 - one table's failure is reported, the others still run
+                note = f"{type(exc).__name__}: {str(exc)[:200]}"
+                rows.append({"section": "moe", "case": name[:-5], "impl": "-", "note": note})
+    return rows
+
+
+def _bench_moe_table(ctx, name, info, plugin):
+    """SGLang's fused MoE at each verify M with the plugin's table row against SGLang's own choice."""
+    torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_default_config,
+        get_moe_configs,
+    )
+
+    from sglang_kimi.kernels import moe_configs as mt
+    from sglang_kimi.kernels import moe_tuner as tuner
+
     original = getattr(get_moe_configs, "__wrapped__", get_moe_configs)  # SGLang's own lookup, even if hooked
     m_values = [4, 8, 16, 32, 64, 128, 256, 512] if not ctx["quick"] else [8, 64, 256]
     gen = torch.Generator(device=device).manual_seed(3)
+    dtype = "bf16" if info["dtype"] is None else info["dtype"]
+    block = info["block_shape"]
+    sglang_table = original(info["E"], info["N"], info["dtype"], *(block or (0, 0)))
+    runner = MoeRunnerConfig(inplace=False)
     rows = []
-    for name, path in tables:
-        info = mt.parse_config_file_name(name)
-        if info["down_moe"] or info["dtype"] not in (None, "fp8_w8a8"):
-            continue
-        dtype = "bf16" if info["dtype"] is None else info["dtype"]
-        block = info["block_shape"]
-        plugin = mt.read_table(path)
-        sglang_table = original(info["E"], info["N"], info["dtype"], *(block or (0, 0)))
-        runner = MoeRunnerConfig(inplace=False)
-        for M in m_values:
-            x, w1, w2, topk_out, kw = tuner._make_moe_inputs(
-                info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, dtype, block, 32, M, device, gen
+    for M in m_values:
+        x, w1, w2, topk_out, kw = tuner._make_moe_inputs(
+            info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, dtype, block, 32, M, device, gen
+        )
+        choices = {
+            "plugin table": plugin[min(plugin, key=lambda m: abs(m - M))],
+            "SGLang choice": sglang_table[min(sglang_table, key=lambda m: abs(m - M))]
+            if sglang_table
+            else get_default_config(M, info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, info["dtype"], False, block),
+        }
+        results = {}
+        for impl, cfg in choices.items():
+            with override_config(cfg):
+                results[impl] = timer(lambda: fused_experts(x, w1, w2, topk_out, runner, **kw), [()])
+        for impl, ms in results.items():
+            rows.append(
+                {
+                    "section": "moe",
+                    "case": f"{name[:-5]} M={M}",
+                    "impl": impl,
+                    "ms": ms,
+                    "x_vs_sglang": results["SGLang choice"] / ms,
+                }
             )
-            choices = {
-                "plugin table": plugin[min(plugin, key=lambda m: abs(m - M))],
-                "SGLang choice": sglang_table[min(sglang_table, key=lambda m: abs(m - M))]
-                if sglang_table
-                else get_default_config(
-                    M, info["E"], info["N"], mt.KIMI_HIDDEN, mt.KIMI_TOPK, info["dtype"], False, block
-                ),
-            }
-            results = {}
-            for impl, cfg in choices.items():
-                with override_config(cfg):
-                    results[impl] = timer(lambda: fused_experts(x, w1, w2, topk_out, runner, **kw), [()])
-            for impl, ms in results.items():
-                rows.append(
-                    {
-                        "section": "moe",
-                        "case": f"{name[:-5]} M={M}",
-                        "impl": impl,
-                        "ms": ms,
-                        "x_vs_sglang": results["SGLang choice"] / ms,
-                    }
-                )
     return rows
 
 

@@ -5,6 +5,7 @@ tables are served by ``moe_configs.py``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -298,6 +299,29 @@ def _make_moe_inputs(E, N, hidden, topk, dtype, block_shape, group_size, M, devi
     return x, w1, w2, topk_output, kw
 
 
+@contextlib.contextmanager
+def sglang_exec_context():
+    """SGLang's fused-MoE path reads the process's published server configuration (``runtime_context.get_exec()``,
+    SGLang 0.5.23). A server process publishes one; a tuning or benchmark process outside a server publishes SGLang's
+    default server arguments for the duration, under SGLang's own role for such processes (``"test"``), and resets
+    it after. Older SGLang releases have no runtime context: nothing to do."""
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        yield
+        return
+    if rc.get_context().is_config_namespace_published("exec"):
+        yield
+        return
+    from sglang.srt.server_args import ServerArgs
+
+    rc.publish(ServerArgs(model_path="dummy"), role="test")
+    try:
+        yield
+    finally:
+        rc.reset_context()
+
+
 def _time_config(run, config, warmup, iters) -> float:
     """Median milliseconds of ``run()`` under ``override_config(config)`` (CUDA events)."""
     import torch
@@ -359,7 +383,7 @@ def tune_moe(
     gen = torch.Generator(device=device).manual_seed(seed)
     runner_config = MoeRunnerConfig(inplace=False)
     best: dict[int, dict] = {}
-    with tqdm(total=len(m_values) * len(space), desc=f"tune {name}", unit="cfg") as bar:
+    with sglang_exec_context(), tqdm(total=len(m_values) * len(space), desc=f"tune {name}", unit="cfg") as bar:
         for M in m_values:
             x, w1, w2, topk_output, kw = _make_moe_inputs(
                 experts, intermediate, hidden, topk, dtype, block_shape, group_size, M, device, gen

@@ -160,6 +160,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         FUSED: tl.constexpr,
+        K_ROWS: tl.constexpr,  # key tile loaded [BLOCK_N, D] (rows contiguous) instead of [D, BLOCK_N]
     ):
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -203,15 +204,30 @@ if triton is not None:
             pos = start + tl.arange(0, BLOCK_N)
             pos_ok = pos < hi
             slot = tl.load(req_to_token_ptr + req * stride_r2t + pos, mask=pos_ok, other=0).to(tl.int64)
-            k = tl.load(
-                kv_ptr + slot[None, :] * stride_kv + offs_dv[:, None], mask=pos_ok[None, :] & dv_ok[:, None], other=0.0
-            )  # [BLOCK_DV, BLOCK_N]
-            kpe = tl.load(
-                kv_ptr + slot[None, :] * stride_kv + KV_LORA + offs_pe[:, None],
-                mask=pos_ok[None, :] & pe_ok[:, None],
-                other=0.0,
-            )  # [BLOCK_PE, BLOCK_N]
-            qk = tl.dot(q, k) + tl.dot(qpe, kpe)  # [BLOCK_M, BLOCK_N] fp32
+            if K_ROWS:
+                k = tl.load(
+                    kv_ptr + slot[:, None] * stride_kv + offs_dv[None, :],
+                    mask=pos_ok[:, None] & dv_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_N, BLOCK_DV]
+                kpe = tl.load(
+                    kv_ptr + slot[:, None] * stride_kv + KV_LORA + offs_pe[None, :],
+                    mask=pos_ok[:, None] & pe_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_N, BLOCK_PE]
+                qk = tl.dot(q, tl.trans(k)) + tl.dot(qpe, tl.trans(kpe))  # [BLOCK_M, BLOCK_N] fp32
+            else:
+                k = tl.load(
+                    kv_ptr + slot[None, :] * stride_kv + offs_dv[:, None],
+                    mask=pos_ok[None, :] & dv_ok[:, None],
+                    other=0.0,
+                )  # [BLOCK_DV, BLOCK_N]
+                kpe = tl.load(
+                    kv_ptr + slot[None, :] * stride_kv + KV_LORA + offs_pe[:, None],
+                    mask=pos_ok[None, :] & pe_ok[:, None],
+                    other=0.0,
+                )  # [BLOCK_PE, BLOCK_N]
+                qk = tl.dot(q, k) + tl.dot(qpe, kpe)  # [BLOCK_M, BLOCK_N] fp32
             qk = qk * sm_scale_log2
             j = pos - prefix  # tree node index of each key (negative in the prefix)
             in_tree = j >= 0
@@ -223,7 +239,10 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(qk - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), tl.trans(k))
+            if K_ROWS:
+                acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), tl.trans(k))
             m_i = m_new
 
         has = l_i > 0
@@ -313,7 +332,14 @@ def default_config(num_nodes: int, num_heads: int, batch: int, max_ctx: int, dev
         sms = 4
     want = -(-2 * sms // max(1, batch * tiles))
     splits = max(1, min(want, -(-max_ctx // 256), 32))
-    return {"block_m": block_m, "block_n": 16, "num_warps": 4, "num_stages": 1, "num_kv_splits": splits}
+    return {
+        "block_m": block_m,
+        "block_n": 16,
+        "num_warps": 4,
+        "num_stages": 1,
+        "num_kv_splits": splits,
+        "k_rows": False,
+    }
 
 
 def tree_mla_attention(
@@ -333,6 +359,7 @@ def tree_mla_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    k_rows: bool | None = None,
 ):
     """Tree-masked absorbed-MLA attention over a paged latent cache (see the module docstring).
 
@@ -371,6 +398,7 @@ def tree_mla_attention(
         ("block_n", block_n),
         ("num_warps", num_warps),
         ("num_stages", num_stages),
+        ("k_rows", k_rows),
     ):
         if value is not None:
             cfg[key] = value
@@ -420,6 +448,7 @@ def tree_mla_attention(
         BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"],
         FUSED=fused,
+        K_ROWS=bool(cfg["k_rows"]),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
