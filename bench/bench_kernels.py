@@ -83,6 +83,43 @@ class Timer:
                 times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
 
+    def graph(self, fn, arg_sets) -> float | None:
+        """Median milliseconds of one CUDA-graph replay of ``fn(args)`` (one graph per argument set): the device's
+        time alone, as a server that captures the step sees it. None off CUDA or where capture fails."""
+        torch = self.torch
+        if self.device.type != "cuda":
+            return None
+        try:
+            for args in arg_sets:
+                fn(*args)  # compile and warm the allocator outside the capture
+            torch.cuda.synchronize()
+            pool = torch.cuda.graph_pool_handle()
+            graphs = []
+            for args in arg_sets:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    fn(*args)
+                graphs.append(g)
+        except Exception:  # noqa: BLE001 - a host synchronisation inside fn: not capturable
+            torch.cuda.synchronize()
+            return None
+        return self(lambda g: g.replay(), [(g,) for g in graphs])
+
+    def host(self, fn, arg_sets) -> float:
+        """Median milliseconds the host spends issuing ``fn(args)`` (no wait for the device, idle before each call):
+        what an eager caller pays per call however small the work."""
+        torch = self.torch
+        for i in range(self.warmup):
+            fn(*arg_sets[i % len(arg_sets)])
+        times = []
+        for i in range(self.reps):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(*arg_sets[i % len(arg_sets)])
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
 
 def copies_for_cache(torch, device, nbytes: int) -> int:
     """How many input copies to rotate among so that together they exceed twice the L2 cache."""
@@ -189,6 +226,25 @@ def _sglang_decode_baseline(torch, case, heads, nodes, scale):
     return run
 
 
+def _timings(ctx, fn, arg_sets, floor_bytes) -> dict:
+    """Eager time (events around each call, twice), CUDA-graph replay time, host issue time; bandwidth from the
+    device's time (graph replay where it captures, else eager)."""
+    timer = ctx["timer"]
+    ms, ms2 = timer(fn, arg_sets), timer(fn, arg_sets)
+    graph_ms = timer.graph(fn, arg_sets)
+    device_ms = graph_ms if graph_ms is not None else ms
+    gbs = floor_bytes / device_ms / 1e6
+    return {
+        "ms": ms,
+        "ms_again": ms2,
+        "ms_graph": graph_ms,
+        "host_ms": timer.host(fn, arg_sets),
+        "ms_device": device_ms,
+        "GB/s": gbs,
+        "of_copy": gbs / ctx["copy_gbs"] if ctx.get("copy_gbs") else None,
+    }
+
+
 def bench_attention(ctx):
     torch, device, timer = ctx["torch"], ctx["device"], ctx["timer"]
     from sglang_kimi.kernels import tree_mla_attention as tm
@@ -196,7 +252,7 @@ def bench_attention(ctx):
     if ctx["smoke"]:
         shapes = [(2, 4, 2, 40)]
     elif ctx["quick"]:
-        shapes = [(1, 8, 8, 32768), (16, 8, 8, 4096), (64, 16, 8, 1024)]
+        shapes = [(1, 8, 8, 32768), (16, 8, 8, 4096), (64, 16, 8, 1024), (8, 8, 64, 8192), (16, 64, 8, 4096)]
     else:
         shapes = [
             (b, n, h, p)
@@ -219,24 +275,16 @@ def bench_attention(ctx):
         common = (case["r2t"], case["pool"], case["prefix"], case["mask"], scale)
         row = {"section": "attention", "case": name, "bytes": floor_bytes}
         variants = [("tree kernel", {}), ("tree kernel fused", {"num_kv_splits": 1})]
-        if not ctx["smoke"]:  # larger query tiles: fewer prefix re-reads, some register spills (see default_config)
-            variants.append(("tree kernel 32x16 tile, 8 warps", {"block_m": 32, "block_n": 16, "num_warps": 8}))
+        if not ctx["smoke"]:  # the tiles compared in docs/kernels.md: the HIP tile, and one that does not spill
+            variants += [
+                ("tree kernel 16x16 tile, 1 stage", tm.HIP_TILE),
+                ("tree kernel 32x32 tile, 8 warps", {**tm.CUDA_TILE, "block_n": 32, "num_warps": 8}),
+            ]
         kernel_ms = None
         for impl, kw in variants:
             fn = lambda q, kv, kw=kw: tm.tree_mla_attention(q, kv, *common, **kw)  # noqa: E731
-            ms, ms2 = timer(fn, qs), timer(fn, qs)
-            kernel_ms = kernel_ms or ms
-            gbs = floor_bytes / ms / 1e6
-            rows.append(
-                {
-                    **row,
-                    "impl": impl,
-                    "ms": ms,
-                    "ms_again": ms2,
-                    "GB/s": gbs,
-                    "of_copy": gbs / ctx["copy_gbs"] if ctx.get("copy_gbs") else None,
-                }
-            )
+            rows.append({**row, "impl": impl, **_timings(ctx, fn, qs, floor_bytes)})
+            kernel_ms = kernel_ms or rows[-1]["ms_device"]
         ref_ms = (
             timer(lambda q, kv: tm.tree_mla_attention_ref(q, kv, *common), qs[:1])
             if batch * nodes * heads <= 8192
@@ -247,14 +295,16 @@ def bench_attention(ctx):
         if callable(base):
             mine = tm.tree_mla_attention(case["q"], case["kv"], *common).float()
             err = float((base(case["q"], case["kv"]).float() - mine).norm() / mine.norm())  # the same, computed twice
-            ms = timer(base, qs)
+            t = _timings(ctx, base, qs, floor_bytes)
+            t.pop("ms_again")
+            note = f"rel. diff vs tree kernel {err:.1e}"
             rows.append(
                 {
                     **row,
                     "impl": "SGLang MLA decode (B*N queries)",
-                    "ms": ms,
-                    "x_vs_kernel": ms / kernel_ms,
-                    "note": f"rel. diff vs tree kernel {err:.1e}",
+                    **t,
+                    "x_vs_kernel": t["ms_device"] / kernel_ms,
+                    "note": note,
                 }
             )
         else:
@@ -440,6 +490,8 @@ def print_table(rows):
         "impl",
         "ms",
         "ms_again",
+        "ms_graph",
+        "host_ms",
         "GB/s",
         "of_copy",
         "x_vs_kernel",

@@ -42,8 +42,9 @@ class Launch:
     dtypes: dict = field(default_factory=dict)  # argument name -> torch dtype on the GPU
 
 
-def recorded_launches() -> list[Launch]:
-    """Run every wrapper once on CPU tensors with the launcher recording instead of launching."""
+def recorded_launches(hip: bool = False) -> list[Launch]:
+    """Run every wrapper once on CPU tensors with the launcher recording instead of launching, with the launch
+    parameters the wrappers choose on the vendor (``hip``: AMD) the launches are compiled for."""
     import torch
 
     from sglang_kimi.kernels import ddtree_build as dd
@@ -68,10 +69,11 @@ def recorded_launches() -> list[Launch]:
         r2t = torch.randint(0, slots, (B, 32), dtype=torch.int32)
         pool, prefix = torch.arange(B), torch.tensor([10, 20], dtype=torch.int32)
         mask = torch.ones(B, N, N, dtype=torch.bool).tril()
+        tile = tm.HIP_TILE if hip else tm.CUDA_TILE
         current.update(name="tree_mla fused", dtypes={"q_ptr": bf16, "kv_ptr": bf16, "out_ptr": bf16})
-        tm.tree_mla_attention(q, kv, r2t, pool, prefix, mask, 0.1, num_kv_splits=1)
+        tm.tree_mla_attention(q, kv, r2t, pool, prefix, mask, 0.1, **{**tile, "num_kv_splits": 1})
         current.update(name="tree_mla split+merge", dtypes={"q_ptr": bf16, "kv_ptr": bf16})
-        tm.tree_mla_attention(q, kv, r2t, pool, prefix, mask, 0.1, num_kv_splits=4)
+        tm.tree_mla_attention(q, kv, r2t, pool, prefix, mask, 0.1, **{**tile, "num_kv_splits": 4})
         launches[-1].dtypes = {"out_ptr": bf16}  # the merge kernel writes the bf16 output
         launches[-1].name = "tree_mla merge"
 
@@ -206,7 +208,7 @@ def compile_launch(launch: Launch, target_name: str) -> dict:
 
 
 def report(targets: list[str]) -> list[dict]:
-    return [compile_launch(launch, t) for t in targets for launch in recorded_launches()]
+    return [compile_launch(launch, t) for t in targets for launch in recorded_launches(TARGETS[t][0] == "hip")]
 
 
 def main(argv=None) -> int:

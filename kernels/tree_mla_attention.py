@@ -309,37 +309,36 @@ if triton is not None:
         tl.store(lse_ptr + g, lse, mask=g_ok)
 
 
-def default_config(num_nodes: int, num_heads: int, batch: int, max_ctx: int, device: torch.device) -> dict:
-    """Launch parameters: query tile, key block, warps, and the number of prefix splits.
+# Launch tiles per vendor (docs/kernels.md, "Tree attention tiles"). CUDA: measured on an H200
+# (bench/sweep_tree_attention.py, then bench/bench_kernels.py with CUDA-graph replay): 32 query rows x 64 keys, the
+# key tile loaded row-contiguous, two pipeline stages; it spills ~1.5 KB/thread on sm_90 and is still the fastest
+# tile measured at every shape. HIP: not measured on an AMD GPU yet: the tile that compiles for gfx942 without
+# spills and within its 64 KiB of LDS (a 64-key tile needs all of it).
+CUDA_TILE = {"block_m": 32, "block_n": 64, "num_warps": 4, "num_stages": 2, "k_rows": True}
+HIP_TILE = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1, "k_rows": False}
 
-    Tiles: 16 query rows x 16 keys, 4 warps, on both vendors. Compiled offline (``triton.compile`` for sm_90 and
-    gfx942; ``tests/unit/test_kernel_compile.py``) that is the only tile that does not spill on sm_90: 16 x 32
-    spills 184 B/thread, 32 x 16 with 8 warps 72 B, 64-row tiles (the wgmma path) over 1.5 KB, because the
-    [rows, 512] fp32 accumulator and the [512, keys] key tile share the register file. On gfx942 16 x 16 uses
-    211 VGPRs and 16 KiB of LDS (a 32-key tile double-buffered would not fit MI300's 64 KiB; SGLang's MLA decode
-    kernel drops to 16 keys on HIP too). The tiles of one request run next to each other (tile index fastest), so
-    the prefix is fetched from HBM about once and re-read from L2.
+
+def default_config(
+    num_nodes: int, num_heads: int, batch: int, max_ctx: int, device: torch.device, hip: bool | None = None
+) -> dict:
+    """Launch parameters: the vendor's tile (:data:`CUDA_TILE`, :data:`HIP_TILE`; ``hip`` None: this torch build's
+    vendor) and the number of prefix splits.
 
     Splits: enough (request, tile, split) programs to cover the GPU about twice, at least 256 prefix keys per
-    split, at most 32 splits; 1 (the fused single pass) when the batch alone fills the GPU.
+    split, at most 32 splits; 1 (the fused single pass) when the batch alone fills the GPU. The tiles of one
+    request run next to each other (tile index fastest), so the prefix is fetched from HBM about once and re-read
+    from L2.
     """
-    rows = num_nodes * num_heads
-    block_m = 16
-    tiles = -(-rows // block_m)
+    hip = bool(torch.version.hip) if hip is None else hip
+    tile = dict(HIP_TILE if hip else CUDA_TILE)
+    tiles = -(-(num_nodes * num_heads) // tile["block_m"])
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 4
     want = -(-2 * sms // max(1, batch * tiles))
     splits = max(1, min(want, -(-max_ctx // 256), 32))
-    return {
-        "block_m": block_m,
-        "block_n": 16,
-        "num_warps": 4,
-        "num_stages": 1,
-        "num_kv_splits": splits,
-        "k_rows": False,
-    }
+    return {**tile, "num_kv_splits": splits}
 
 
 def tree_mla_attention(

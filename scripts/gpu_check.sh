@@ -81,7 +81,10 @@ fi
 
 if want serve; then
     step "serve the tiny model (autoregressive, triton attention, CUDA graphs off)"
-    PYTHONPATH=$SHIMS:$SITE timeout 110 python3 - "$OUT" <<'PY' 2>&1 | tail -60
+    # SGLang asserts the sglang-kernel distribution's version at start-up; the shim stands in for it here
+    META=$SITE/sglang_kernel-0.4.10+sglang_kimi_shim.dist-info
+    mkdir -p "$META" && printf 'Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10+sglang_kimi_shim\n' >"$META/METADATA"
+    PYTHONPATH=$SHIMS:$SITE timeout 100 python3 - "$OUT" <<'PY' 2>&1 | tail -60
 import json, os, sys, time, urllib.request
 from pathlib import Path
 from sglang_kimi.server import ServerProcess, launch_command
@@ -93,7 +96,7 @@ log = Path(sys.argv[1]) / "serve_ar.log"
 server = ServerProcess(spec, log_path=log)
 try:
     t0 = time.time()
-    server.wait_ready(timeout=90)
+    server.wait_ready(timeout=80)
     print(f"ready in {time.time() - t0:.0f} s")
     body = {"text": "Question: What is 2 + 3?\nAnswer:", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
     req = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(),

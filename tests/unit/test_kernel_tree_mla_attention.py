@@ -73,12 +73,13 @@ def check(case, sm_scale, kv_lora, mask_form="bool", **kw):
     return ref
 
 
+@pytest.mark.parametrize("k_rows", [False, True])  # the key tile as [D, keys] (HIP tile) or [keys, D] (CUDA tile)
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("mask_form", ["bool", "int32", "int64"])
-def test_kernel_matches_ref_variable_prefixes(splits, mask_form):
+def test_kernel_matches_ref_variable_prefixes(splits, mask_form, k_rows):
     gen = torch.Generator().manual_seed(splits * 10 + len(mask_form))
     case = make_case(3, 4, 2, 32, 16, [37, 0, 90], gen, pad=True)
-    check(case, 0.3, 32, mask_form, num_kv_splits=splits, block_n=16)
+    check(case, 0.3, 32, mask_form, num_kv_splits=splits, block_n=16, k_rows=k_rows)
 
 
 @pytest.mark.parametrize("nodes,heads", [(1, 3), (8, 2), (16, 1)])
@@ -115,6 +116,15 @@ def test_default_config_path():
     cfg = tm.default_config(4, 8, 2, 400, torch.device("cpu"))
     assert cfg["num_kv_splits"] > 1  # exercises the split + merge path with the library's own choices
     check(case, 0.2, 32, "bool")
+
+
+@pytest.mark.parametrize("hip", [False, True])
+def test_each_vendor_tile_matches_ref(hip):
+    gen = torch.Generator().manual_seed(6)
+    case = make_case(2, 8, 4, 32, 16, [150, 70], gen, max_ctx=200)
+    cfg = tm.default_config(8, 4, 2, 200, torch.device("cpu"), hip=hip)
+    assert cfg["k_rows"] is (not hip)
+    check(case, 0.2, 32, "int64", **cfg)
 
 
 def test_row_that_sees_nothing_gives_zero_and_minus_inf_lse():
