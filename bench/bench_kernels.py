@@ -8,7 +8,8 @@ Sections (``--sections``):
   prefixes 1k..32k, batch 1..64. Floor = the bytes it must move: every request's latent KV rows once
   (prefix + N rows of 576 bf16), q, out and the req_to_token entries. Reports achieved GB/s, the fraction of the
   measured copy bandwidth, the ratio to the torch twin, and to SGLang's Triton MLA *decode* kernel run on the same
-  work as B*N independent decode queries (what verify costs without a tree kernel: the prefix read N times).
+  work as B*N independent decode queries (what verify costs without a tree kernel: the prefix read N times). The
+  default tile is compared with the fused single pass, the HIP tile and a 32x32 tile that does not spill.
 - ``ddtree``: batched DDTree build, bs 64, budget 64, depth 7, Kimi vocab: ranking (top-K) and the build kernel,
   against ``speculators.ddtree.build_ddtree`` (batched torch) and the per-request reference heap
   (``speculators.reference.heap.ddtree_heap``: what a CPU heap per request costs, ranking and device copies included).
@@ -17,9 +18,12 @@ Sections (``--sections``):
 - ``moe``: SGLang's fused-MoE Triton kernel at verify M = batch x draft tokens with the plugin's table for this
   device against SGLang's own choice (its table, else its default tiles), for every plugin table of the device.
 
-Timing (``docs/kernels.md``): CUDA events around each call, warm-up first, median of repeats, inputs
-rotated among enough copies to exceed the L2 cache for small shapes; each kernel timed twice (``ms`` and
-``ms_again``) so the spread is visible. Never zeros: inputs are random.
+Timing (``docs/kernels.md``): CUDA events around each call, warm-up first, median of repeats, inputs (the KV cache
+included) rotated among enough copies to exceed twice the L2 cache; each kernel timed twice (``ms`` and
+``ms_again``) so the spread is visible. Attention also reports ``ms_graph`` (one CUDA-graph replay: the device's time
+alone, from which GB/s is computed) and ``host_ms`` (the host's time to issue one call). Never zeros: inputs are
+random. Writes ``kernels-<device>-<time>.json`` and, with an attention section, a PNG of the attention times;
+``--replot FILE`` redraws the PNG of an existing JSON.
 
 ``--interpret-smoke`` runs tiny shapes on the CPU through Triton's interpreter to prove the script end to end;
 its timings mean nothing and nothing is written to bench/results/.
@@ -48,7 +52,38 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="fewer shapes")
     p.add_argument("--interpret-smoke", action="store_true", help="tiny shapes on CPU under Triton's interpreter")
+    p.add_argument("--replot", type=Path, help="only redraw the PNG of an existing results JSON (no GPU needed)")
     return p.parse_args(argv)
+
+
+def plot_attention(rows, meta, path: Path) -> None:
+    """Device time of each attention implementation per shape (log scale), from a results file's rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    att = [r for r in rows if r["section"] == "attention" and (r.get("ms_device") or r.get("ms"))]
+    cases = list(dict.fromkeys(r["case"] for r in att))
+    impls = list(dict.fromkeys(r["impl"] for r in att))
+    fig, ax = plt.subplots(figsize=(max(8, 1.9 * len(cases)), 4.8))
+    width = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        xs, ys = [], []
+        for j, case in enumerate(cases):
+            hit = [r for r in att if r["case"] == case and r["impl"] == impl]
+            if hit:
+                xs.append(j + (i - (len(impls) - 1) / 2) * width)
+                ys.append(hit[0].get("ms_device") or hit[0]["ms"])
+        ax.bar(xs, ys, width, label=impl)
+    ax.set_xticks(range(len(cases)), [c.replace(" prefix", "\nprefix") for c in cases], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (CUDA-graph replay; eager where not captured)")
+    ax.set_title(f"Tree MLA attention, {meta.get('device')} (torch {meta.get('torch')}, triton {meta.get('triton')})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -516,6 +551,11 @@ def print_table(rows):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        data = json.loads(args.replot.read_text())
+        plot_attention(data["rows"], data["meta"], args.replot.with_suffix(".png"))
+        print(f"wrote {args.replot.with_suffix('.png')}")
+        return 0
     if args.interpret_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before torch/triton import: Triton decides when kernels are decorated
     import torch
@@ -568,6 +608,9 @@ def main(argv=None) -> int:
     path = args.out_dir / f"kernels-{meta['device'].replace(' ', '_')}-{stamp}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwrote {path}")
+    if any(r["section"] == "attention" for r in rows):
+        plot_attention(rows, meta, path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.png')}")
     return 0
 
 

@@ -42,9 +42,28 @@ def test_every_wrapper_launch_compiles_for_both_vendors(rows):
     assert {r["target"] for r in rows} == {"sm_90", "gfx942"}
 
 
+# The CUDA tree-attention tile spills (~1.5 KB/thread on sm_90) and was measured faster than every tile that does
+# not (docs/kernels.md, "Tree attention tiles"); every other kernel, and every HIP launch, must not spill.
+MEASURED_SPILLING_TILES = {("sm_90", "tree_mla fused"), ("sm_90", "tree_mla split+merge")}
+
+
 def test_no_register_spills(rows):
-    spilling = [(r["target"], r["kernel"], r["spill_bytes"]) for r in rows if r["spill_bytes"]]
+    spilling = [
+        (r["target"], r["kernel"], r["spill_bytes"])
+        for r in rows
+        if r["spill_bytes"] and (r["target"], r["kernel"]) not in MEASURED_SPILLING_TILES
+    ]
     assert spilling == []
+
+
+def test_the_spilling_tiles_are_the_measured_cuda_tile(rows):
+    from sglang_kimi.kernels import tree_mla_attention as tm
+
+    for r in rows:
+        if (r["target"], r["kernel"]) in MEASURED_SPILLING_TILES:
+            assert r["constexprs"]["BLOCK_M"] == tm.CUDA_TILE["block_m"] == 32, r
+            assert r["constexprs"]["BLOCK_N"] == tm.CUDA_TILE["block_n"] == 64, r
+            assert r["constexprs"]["K_ROWS"] is True and r["num_warps"] == 4, r
 
 
 def test_shared_memory_fits(rows):
