@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -185,6 +186,22 @@ def _absolute_paths(args: list[str]) -> list[str]:
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def lacks_image_processor(model_path: str) -> bool:
+    """Whether ``model_path`` is a local multimodal checkpoint (a ``vision_config`` in its config.json) that ships
+    no image processor. SGLang loads the processor at start-up for a multimodal model and stops there without one
+    (transformers: "Can't load image processor"); such a checkpoint is served text-only. The embedded tiny model and
+    the variants made from it are such checkpoints: they have a vision config and no vision tower."""
+    path = Path(model_path).expanduser()
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file() or any((path / f).exists() for f in PROCESSOR_FILES):
+        return False
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False  # an unreadable config is SGLang's to report
 
 
 def check_model_path(model_path: str) -> None:
@@ -329,6 +346,8 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if not _has_flag(args, "--model-path"):
         args = ["--model-path", str(TINY_MODEL)] + args
     check_model_path(_flag_value(args, "--model-path"))
+    if lacks_image_processor(_flag_value(args, "--model-path")) and not _has_flag(args, "--language-model-only"):
+        args += ["--language-model-only"]  # SGLang cannot start it multimodal: it has no image processor
     args = _absolute_paths(args)
     host = _flag_value(args, "--host") or DEFAULT_HOST
     if not _has_flag(args, "--host"):

@@ -1,5 +1,6 @@
 """The CLI: help on every command, and one clear error line for each kind of bad input."""
 
+import json
 import os
 import socket
 import subprocess
@@ -192,6 +193,27 @@ def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
     assert "--device" not in spec.argv and "--attention-backend" not in spec.argv
     assert spec.env == dict(os.environ) and spec.shims == []
+
+
+def test_gpu_launch_serves_a_checkpoint_without_image_processor_text_only(tmp_path):
+    tiny = server.launch_command([], cpu=False, port=server.free_port())  # the embedded model: no image processor
+    assert tiny.argv.count("--language-model-only") == 1
+    (tmp_path / "config.json").write_text(json.dumps({"vision_config": {}, "text_config": {}}))
+    spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
+    assert spec.argv.count("--language-model-only") == 1
+    given = server.launch_command(
+        ["--model-path", str(tmp_path), "--language-model-only"], cpu=False, port=server.free_port()
+    )
+    assert given.argv.count("--language-model-only") == 1
+    (tmp_path / "preprocessor_config.json").write_text("{}")  # a processor ships: multimodal as the user asked
+    with_processor = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
+    assert "--language-model-only" not in with_processor.argv
+
+
+def test_gpu_launch_leaves_text_models_alone(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
+    assert "--language-model-only" not in spec.argv
 
 
 def test_tune_moe_refuses_without_gpu():
