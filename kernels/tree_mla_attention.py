@@ -23,9 +23,9 @@ Kernel (flash-decoding over the prefix, tree part separate, merged by log-sum-ex
 - one program owns a tile of ``BLOCK_M`` query rows of ONE request (rows are (node, head) pairs, all N*H rows of a
   request in as few tiles as fit, the tile index varying fastest so the tiles of one request run together) and a
   range of its key positions, and streams keys ``BLOCK_N`` at a time: slots from ``req_to_token``, the key tile
-  ``[576, BLOCK_N]`` from the cache, ``qk = q_nope.k_nope + q_rope.k_rope``, online softmax in base 2, and
-  ``acc += p @ k_nope^T`` (the value tile is the key tile transposed: the prefix KV is read once per tile, not once
-  per query token);
+  from the cache (``[BLOCK_N, 576]``, each key's row contiguous, with ``K_ROWS``, the CUDA tile; else
+  ``[576, BLOCK_N]``), ``qk = q_nope.k_nope + q_rope.k_rope``, online softmax in base 2, and ``acc += p @ k_nope``
+  (the value tile is the key tile itself: the prefix KV is read once per tile, not once per query token);
 - with S > 1 splits the grid is (tiles, S + 1, B): programs 0..S-1 take equal slices of the prefix, program S the N
   tree keys with the bit mask; each writes a normalised partial output and its LSE, and a second kernel merges the
   S + 1 partials per row; with S == 1 one program does prefix then tree and writes the output directly (no
