@@ -301,24 +301,48 @@ def _make_moe_inputs(E, N, hidden, topk, dtype, block_shape, group_size, M, devi
 
 @contextlib.contextmanager
 def sglang_exec_context():
-    """SGLang's fused-MoE path reads the process's published server configuration (``runtime_context.get_exec()``,
-    SGLang 0.5.23). A server process publishes one; a tuning or benchmark process outside a server publishes SGLang's
-    default server arguments for the duration, under SGLang's own role for such processes (``"test"``), and resets
-    it after. Older SGLang releases have no runtime context: nothing to do."""
+    """What SGLang's fused-MoE path reads outside a server, for a tuning or benchmark process.
+
+    In SGLang 0.5.23 that path reads the process's published server configuration (``runtime_context.get_exec()``)
+    and its tensor-parallel group (``get_parallel().tp_group``). A server process has both. Outside one, this
+    publishes SGLang's default server arguments under SGLang's own role for such processes (``"test"``, rank 0)
+    and builds world-size-1 groups (NCCL on a GPU, gloo on CPU), then tears both down. Older SGLang releases have
+    no runtime context: nothing to do."""
     try:
         from sglang.srt import runtime_context as rc
     except ImportError:
         yield
         return
-    if rc.get_context().is_config_namespace_published("exec"):
+    if not hasattr(rc, "publish") or rc.get_context().is_config_namespace_published("exec"):
         yield
         return
+    import socket
+
+    import torch
+    from sglang.srt.distributed import parallel_state
     from sglang.srt.server_args import ServerArgs
 
-    rc.publish(ServerArgs(model_path="dummy"), role="test")
+    rc.publish(ServerArgs(model_path="dummy"), role="test", ranks=rc.SpawnRanks(world_rank=0))
+    built = False
     try:
+        if not torch.distributed.is_initialized():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            parallel_state.init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+                backend="nccl" if torch.cuda.is_available() else "gloo",
+            )
+            built = True
+            parallel_state.initialize_model_parallel()
         yield
     finally:
+        if built:
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
         rc.reset_context()
 
 

@@ -226,3 +226,39 @@ def test_tune_moe_cli_fails_clearly_without_gpu(tmp_path, monkeypatch):
     with pytest.raises(tuner.TuneError, match="needs a CUDA or ROCm GPU"):
         tuner.run_tune_moe(args)
     assert list(tmp_path.iterdir()) == []
+
+
+EXEC_CONTEXT_CHECK = """
+import torch
+from sglang.srt.runtime_context import get_context, get_exec, get_parallel
+from sglang_kimi.kernels import moe_tuner as tuner
+assert not get_context().is_config_namespace_published("exec")
+for _ in range(2):  # set up and torn down cleanly, twice in one process
+    with tuner.sglang_exec_context():
+        assert get_exec().moe.enable_fused_moe_sum_all_reduce in (False, True)
+        assert get_parallel().tp_group.world_size == 1
+        with tuner.sglang_exec_context():  # nested: the outer context stays
+            assert get_parallel().tp_group.world_size == 1
+        assert get_context().is_config_namespace_published("exec")
+    assert not get_context().is_config_namespace_published("exec")
+    assert not torch.distributed.is_initialized()
+print("OK")
+"""
+
+
+def test_exec_context_gives_sglang_fused_moe_what_it_reads_outside_a_server():
+    """SGLang 0.5.23's fused MoE reads the published exec config and the tensor-parallel group; a tuning or
+    benchmark process has neither until the context provides them (in a fresh process: SGLang's serving modules
+    import here with the CPU shims)."""
+    import os
+    import subprocess
+    import sys
+
+    from sglang_kimi.server import SHIMS_DIR
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIMS_DIR), os.environ.get("PYTHONPATH")]))}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXEC_CONTEXT_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
