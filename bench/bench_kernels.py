@@ -261,6 +261,16 @@ def _sglang_decode_baseline(torch, case, heads, nodes, scale):
     return run
 
 
+def _attention_floor_and_inputs(torch, device, case) -> tuple[int, list[tuple]]:
+    """The bytes an attention call must move (every request's latent KV rows once, q, out, the req_to_token
+    entries), and (q, kv) copies to rotate among: the cache rotated too, so it is not served from L2."""
+    elem = case["kv"].element_size()
+    kv_rows = sum(case["lengths"])
+    floor_bytes = kv_rows * 576 * elem + 2 * case["q"].numel() * elem + kv_rows * 4
+    n_copies = copies_for_cache(torch, device, kv_rows * 576 * elem)
+    return floor_bytes, [(case["q"].clone(), case["kv"].clone()) for _ in range(n_copies)]
+
+
 def _timings(ctx, fn, arg_sets, floor_bytes) -> dict:
     """Eager time (events around each call, twice), CUDA-graph replay time, host issue time; bandwidth from the
     device's time (graph replay where it captures, else eager)."""
@@ -301,11 +311,7 @@ def bench_attention(ctx):
     gen = torch.Generator().manual_seed(0)
     for batch, nodes, heads, prefix in shapes:
         case = _attention_case(torch, device, batch, nodes, heads, prefix, gen)
-        elem = case["kv"].element_size()
-        kv_rows = sum(case["lengths"])
-        floor_bytes = kv_rows * 576 * elem + 2 * case["q"].numel() * elem + kv_rows * 4  # KV once, q, out, slots
-        n_copies = copies_for_cache(torch, device, kv_rows * 576 * elem)
-        qs = [(case["q"].clone(), case["kv"].clone()) for _ in range(n_copies)]  # the cache rotated too: not in L2
+        floor_bytes, qs = _attention_floor_and_inputs(torch, device, case)
         name = f"B={batch} N={nodes} H={heads} prefix<={prefix}"
         common = (case["r2t"], case["pool"], case["prefix"], case["mask"], scale)
         row = {"section": "attention", "case": name, "bytes": floor_bytes}

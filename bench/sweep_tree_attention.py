@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_kernels import RESULTS, Timer, _attention_case, copies_for_cache  # noqa: E402
+from bench_kernels import RESULTS, Timer, _attention_case, _attention_floor_and_inputs  # noqa: E402
 
 SHAPES = [(1, 8, 8, 32768), (16, 8, 8, 4096), (64, 16, 8, 1024), (8, 8, 64, 8192)]  # (B, N, H, prefix<=)
 
@@ -57,14 +57,11 @@ def main(argv=None) -> int:
     cases = []
     for B, N, H, P in SHAPES:
         case = _attention_case(torch, device, B, N, H, P, gen)
-        kv_bytes = case["kv"].numel() * case["kv"].element_size()
-        copies = copies_for_cache(torch, device, kv_bytes)
-        sets = [(case["q"].clone(), case["kv"].clone()) for _ in range(copies)]
+        floor, sets = _attention_floor_and_inputs(torch, device, case)
         default = tm.default_config(N, H, B, case["r2t"].shape[1], device)
         ref = tm.tree_mla_attention(
             case["q"], case["kv"], case["r2t"], case["pool"], case["prefix"], case["mask"], scale
         )
-        floor = sum(case["lengths"]) * (576 * 2 + 4) + 2 * case["q"].numel() * 2
         cases.append(
             dict(name=f"B={B} N={N} H={H} prefix<={P}", case=case, sets=sets, default=default, ref=ref, floor=floor)
         )
@@ -81,7 +78,7 @@ def main(argv=None) -> int:
             kw = {k: full[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "k_rows", "num_kv_splits")}
             cs = c["case"]
             common = (cs["r2t"], cs["pool"], cs["prefix"], cs["mask"], scale)
-            row = {"case": c["name"], **{k: v for k, v in full.items()}}
+            row = {"case": c["name"], **full}
             try:
                 got = tm.tree_mla_attention(cs["q"], cs["kv"], *common, **kw)
                 err = float((got.float() - c["ref"].float()).norm() / c["ref"].float().norm())

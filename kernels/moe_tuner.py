@@ -316,24 +316,21 @@ def sglang_exec_context():
     if not hasattr(rc, "publish") or rc.get_context().is_config_namespace_published("exec"):
         yield
         return
-    import socket
-
     import torch
     from sglang.srt.distributed import parallel_state
     from sglang.srt.server_args import ServerArgs
+
+    from sglang_kimi.server import free_port
 
     rc.publish(ServerArgs(model_path="dummy"), role="test", ranks=rc.SpawnRanks(world_rank=0))
     built = False
     try:
         if not torch.distributed.is_initialized():
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
             parallel_state.init_distributed_environment(
                 world_size=1,
                 rank=0,
                 local_rank=0,
-                distributed_init_method=f"tcp://127.0.0.1:{port}",
+                distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
                 backend="nccl" if torch.cuda.is_available() else "gloo",
             )
             built = True
