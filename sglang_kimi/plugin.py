@@ -194,8 +194,10 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "scheduler (IndexError / device-side assert in the embedding, a 0-token MoE batch, an overflow, topk out of "
         "range, a failed assertion). Refused with HTTP 400 naming the problem, for /generate and the OpenAI endpoints; "
         "so are an invalid stop_regex and per-prompt lists of the wrong length (SGLang answers HTTP 500), and n "
-        "below 1, an empty stop string, stop token ids outside the vocabulary, and /v1/completions' best_of other "
-        "than n and suffix (served, but not as asked)",
+        "below 1, an empty stop string, stop token ids outside the vocabulary, text and input_ids together, and "
+        "/v1/completions' best_of other than n and suffix (served, but not as asked); so are a JSON "
+        "positional_embed_overrides (the scheduler dies) and custom_labels outside "
+        "--tokenizer-metrics-allowed-custom-labels (the tokenizer manager dies under --enable-metrics)",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
             "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
@@ -240,14 +242,16 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.route_validation:install_route_validation",
         "upstream gap: /parse_function_call with an unknown or missing tool_call_parser, /separate_reasoning with an "
         "unknown reasoning_parser and /vertex_generate with parameters that are not generate request fields raise "
-        "in the HTTP server (HTTP 500 with no reason). Refused with HTTP 400 naming the known parsers or the "
-        "unknown fields",
+        "in the HTTP server (HTTP 500 with no reason), and /v1/detokenize fails on a negative token id (HTTP 500) and "
+        "drops one past the vocabulary silently. Refused with HTTP 400 naming the known parsers, the unknown fields "
+        "or the token id",
         needs=(
             "sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__",
             "sglang.srt.function_call.function_call_parser.FunctionCallParser.ToolCallParserEnum",
             "sglang.srt.parser.reasoning_parser.ReasoningParser.__init__",
             "sglang.srt.parser.reasoning_parser.ReasoningParser.DetectorMap",
             "sglang.srt.managers.io_struct.GenerateReqInput.__init__",
+            "sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
         ),
     ),
     Entry(

@@ -20,10 +20,18 @@ string (every completion ends at its first token) and ``stop_token_ids`` outside
 So would two ``/v1/completions`` options SGLang accepts and ignores (an AFTER hook on that route's
 ``_validate_request``, whose message SGLang answers with 400): ``best_of`` other than ``n``, and a ``suffix``.
 
+Two fields a JSON body can carry but only the Python API can fill in end the server too:
+``positional_embed_overrides`` (SGLang's scheduler calls ``reconstruct`` on it, a method of its tensor-carrying
+``PositionalEmbeds``; a JSON list or object has none and the scheduler dies) and ``custom_labels`` with a key that is
+not one of ``--tokenizer-metrics-allowed-custom-labels`` (with ``--enable-metrics`` the tokenizer manager labels its
+histograms with it, prometheus refuses the unknown label name, and the tokenizer manager dies). Both are refused, the
+labels naming the flag; so are label values that are not strings.
+
 Two more checks turn what SGLang answers with HTTP 500 (an unhandled exception in the HTTP server) into a 400: a
 ``stop_regex`` that does not compile, and, after ``GenerateReqInput.normalize_batch_and_arguments``, per-prompt
 lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-probability options) and a list
-``rid`` on a single prompt.
+``rid`` on a single prompt. A request with both ``text`` and ``input_ids``, which SGLang serves from the ids alone
+(the text silently dropped), is refused there too.
 
 Each is a ``ValueError`` naming the problem, which SGLang's HTTP server answers with status 400 (an error event on a
 streaming request), and the server goes on serving.
@@ -106,6 +114,40 @@ def _check_logprob_options(obj, vocab_size: int) -> None:
         )
 
 
+def _check_python_only_fields(obj, allowed_labels) -> None:
+    overrides = getattr(obj, "positional_embed_overrides", None)
+    if overrides is not None:
+        try:
+            from sglang.srt.managers.embed_types import PositionalEmbeds
+        except ImportError:  # a release without them: whatever a body carries is JSON
+            PositionalEmbeds = ()
+        if not isinstance(overrides, PositionalEmbeds):
+            raise ValueError(
+                "positional_embed_overrides carries tensors and is set through SGLang's Python Engine API only; "
+                "send the request without it"
+            )
+    labels = getattr(obj, "custom_labels", None)
+    if not labels:
+        return
+    if not isinstance(labels, dict):
+        raise ValueError("custom_labels must be an object of metric label names to string values")
+    allowed = set(allowed_labels or ())
+    for name, value in labels.items():
+        if name not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise ValueError(
+                f"custom_labels has {name!r}, not a metrics label of this server (allowed: {known}); start the "
+                f"server with --tokenizer-metrics-allowed-custom-labels {name} to label requests with it"
+            )
+        if not isinstance(value, str):
+            raise ValueError(f"custom_labels[{name!r}] is {value!r}: label values are strings")
+
+
+def _allowed_custom_labels(tokenizer_manager):
+    server_args = getattr(tokenizer_manager, "server_args", None)
+    return getattr(server_args, "tokenizer_metrics_allowed_custom_labels", None)
+
+
 def _has_multimodal_input(obj) -> bool:
     return any(getattr(obj, name, None) is not None for name in ("image_data", "video_data", "audio_data"))
 
@@ -114,6 +156,7 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     """BEFORE ``_validate_one_request(self, obj, input_ids)``: raises ``ValueError`` for a request the scheduler
     cannot serve; returns None (SGLang's own checks then run unchanged)."""
     config = tokenizer_manager.model_config
+    _check_python_only_fields(obj, _allowed_custom_labels(tokenizer_manager))
     _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
@@ -144,7 +187,10 @@ PER_PROMPT_FIELDS = (
 
 def check_normalized_batch(result, obj, *args, **kwargs):
     """AFTER ``GenerateReqInput.normalize_batch_and_arguments``: a per-prompt list of another length than the batch,
-    or a list ``rid`` on a single prompt, is a ValueError (SGLang indexes past its end: HTTP 500)."""
+    or a list ``rid`` on a single prompt, is a ValueError (SGLang indexes past its end: HTTP 500); so is a request
+    with both ``text`` and ``input_ids`` (SGLang would serve the ids and drop the text)."""
+    if getattr(obj, "text", None) is not None and getattr(obj, "input_ids", None) is not None:
+        raise ValueError("the request has both text and input_ids: send the prompt as one of them")
     if obj.is_single:
         if not isinstance(obj.rid, (str, type(None))):
             raise ValueError("rid of a single prompt must be a string (a list of rids goes with a list of prompts)")

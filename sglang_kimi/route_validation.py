@@ -17,6 +17,10 @@ an "Internal Server Error" with no reason):
   original function (FastAPI kept it when the route was declared), so the hook is reached only from SGLang's own
   callers of ``generate_request``: ``/vertex_generate``.
 
+- ``/v1/detokenize`` with a token id outside the tokenizer's vocabulary: a negative id fails in the tokenizer
+  (HTTP 500), one past its end is dropped from the text without a word. An AFTER hook on the route's
+  ``_validate_request`` (whose message SGLang answers with 400) names the id and the valid range.
+
 Each refusal is an exception that is both a ``fastapi.HTTPException`` (status 400, answered as an error object by
 SGLang's HTTP server) and the exception SGLang would have raised (``ValueError`` / ``TypeError``), so code that
 catches those behaves as before.
@@ -32,6 +36,7 @@ from sglang_kimi.hooks import hook
 
 REASONING_PARSER = "sglang.srt.parser.reasoning_parser.ReasoningParser"
 GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
+DETOKENIZE = "sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize"
 
 
 class BadRequest(HTTPException):
@@ -102,10 +107,25 @@ async def check_generate_contract(original, request, raw_request, *args, **kwarg
     return await original(request, raw_request, *args, **kwargs)
 
 
+def check_detokenize_tokens(result, serving, request, *args, **kwargs):
+    """AFTER ``OpenAIServingDetokenize._validate_request(self, request)``: every token id is one of the tokenizer's."""
+    if result:
+        return result
+    tokens = getattr(request, "tokens", None)
+    rows = tokens if tokens and isinstance(tokens[0], list) else [tokens or []]
+    size = len(serving.tokenizer_manager.tokenizer)
+    for row in rows:
+        for token in row:
+            if isinstance(token, int) and not 0 <= token < size:
+                return f"tokens holds {token}, outside the tokenizer's vocabulary: give ids in [0, {size})"
+    return None
+
+
 def install_route_validation(target: str):
     hook(target, check_tool_call_parser, "BEFORE")
     hook(f"{REASONING_PARSER}.__init__", check_reasoning_parser, "BEFORE")
     hook(f"{GENERATE_REQ_INPUT}.__init__", check_generate_fields, "BEFORE")
+    hook(f"{DETOKENIZE}._validate_request", check_detokenize_tokens, "AFTER")
 
 
 def install_vertex_contract(target: str):

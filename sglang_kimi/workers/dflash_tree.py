@@ -41,6 +41,11 @@ from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
+try:  # return_sampling_mask for speculative decoding (a release without it has no such request option)
+    from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
+except ImportError:
+    SpeculativeSamplingMaskCapture = None
+
 from sglang_kimi.options import debug_greedy_verify, plugin_args
 from sglang_kimi.speculators.ddtree import (
     build_ddtree_ranked,
@@ -243,7 +248,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         out_tokens = torch.full((bs, window), OUT_TOKEN_PAD, dtype=torch.int64, device=self.device)
         emitted = result.output_tokens.shape[1]
         out_tokens[:, :emitted] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
-        logits_output.next_token_logits = gather_rows(logits, order)
+        logits_output.next_token_logits = gather_rows(logits, order)  # [bs*N, V], row j: out_tokens[:, j]'s law
+        self._capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window)
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
 
@@ -278,6 +284,23 @@ class DFlashTreeWorker(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    @staticmethod
+    def _capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window: int):
+        """``return_sampling_mask``: each committed token's sampling support and log-probability, as SGLang's DFLASH
+        chain reports them. The path-first logits are a chain's layout (row j: the law out_tokens[:, j] was drawn
+        from), so SGLang's own capture applies unchanged; without it the scheduler aborts such requests."""
+        if SpeculativeSamplingMaskCapture is None:
+            return
+        capture = SpeculativeSamplingMaskCapture.from_logits(
+            sampling_info,
+            next_token_logits=logits_output.next_token_logits,
+            draft_input=draft_input,
+            draft_token_num=window,
+            bs=len(commit_lens),
+        )
+        if capture is not None:
+            logits_output.sampling_mask_output = capture.build_output(out_tokens=out_tokens, commit_lens=commit_lens)
 
     # ------------------------------------------------------------------------------------------------------------
 

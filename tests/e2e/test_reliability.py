@@ -7,6 +7,7 @@ the session's (``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 st
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import threading
@@ -15,6 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from spec_common import generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
+from transformers import AutoTokenizer
+
+from sglang_kimi.server import TINY_MODEL
 
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings
@@ -106,6 +110,12 @@ MATRIX = [
     ),
     ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
     ("stop token id outside the vocabulary", "/generate", body(stop_token_ids=[13, VOCAB]), "4xx"),
+    # fields a JSON body can carry that ended the scheduler or the tokenizer manager (the server has --enable-metrics)
+    ("positional_embed_overrides from JSON", "/generate", {**body(), "positional_embed_overrides": [1, 2]}, "4xx"),
+    ("custom_labels the server does not allow", "/generate", {**body(), "custom_labels": {"tenant": "a"}}, "4xx"),
+    ("text and input_ids together", "/generate", {**body(), "input_ids": [1, 2]}, "4xx"),
+    ("detokenize, negative token id", "/v1/detokenize", {"model": "m", "tokens": [1, -5]}, "4xx"),
+    ("detokenize, token id past the vocabulary", "/v1/detokenize", {"model": "m", "tokens": [[1], [VOCAB]]}, "4xx"),
     # admin requests that ended the scheduler, or failed every later request
     ("expert distribution without its recorder", "/start_expert_distribution_record", {}, "4xx"),
     ("expert distribution dump without its recorder", "/dump_expert_distribution_record", {}, "4xx"),
@@ -251,6 +261,51 @@ def test_decoding_up_to_the_end_of_the_context(tree_server, tiny_server):
         outputs.append(response.json()["output_ids"])
     assert len(outputs[0]) >= 90, "the request should decode to within a few tokens of the context's end"
     assert outputs[1] == outputs[0]
+    assert serves(tree_server.base_url)
+
+
+def target_top_logprobs(url: str, prompt_ids: list[int], output_ids: list[int], k: int) -> list[dict[int, float]]:
+    """The non-speculative server's top-k log-probabilities of every output position (teacher-forced prompt)."""
+    payload = {
+        "input_ids": prompt_ids + output_ids,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_logprob": True,
+        "logprob_start_len": len(prompt_ids) - 1,  # its first row predicts nothing, the next ones the outputs
+        "top_logprobs_num": k,
+    }
+    response = requests.post(url + "/generate", json=payload, timeout=600)
+    assert response.status_code == 200, response.text[:300]
+    rows = response.json()["meta_info"]["input_top_logprobs"][1:]
+    return [{token: logprob for logprob, token, _ in row} for row in rows]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sampling_mask_of_tree_verify_is_the_targets(tree_server, tiny_server, temperature):
+    """``return_sampling_mask`` on a DFLASH-tree server: every committed token's support is the target's top-k at that
+    position (the accepted path's own row, not the tree node's slot) and its log-probability is the target's,
+    renormalised over the support at the request's temperature; greedy requests get the token itself, at 0."""
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    k = 3
+    for prompt in gsm8k_prompts(3):
+        ids = tokenizer(prompt)["input_ids"]
+        sampled = {"max_new_tokens": 16, "temperature": temperature, "top_k": k}
+        for params in (sampled, {"max_new_tokens": 16, "temperature": 0.0}):
+            payload = {"input_ids": ids, "sampling_params": params, "return_sampling_mask": True}
+            response = requests.post(tree_server.base_url + "/generate", json=payload, timeout=600)
+            assert response.status_code == 200, response.text[:300]
+            out, meta = response.json()["output_ids"], response.json()["meta_info"]
+            support, logprobs = meta["output_token_sampling_mask"], meta["output_token_sampling_logprobs"]
+            assert len(support) == len(logprobs) == len(out)
+            if params["temperature"] == 0.0:
+                assert support == [[token] for token in out] and logprobs == [0.0] * len(out)
+                continue
+            for j, (token, row, logprob, target) in enumerate(
+                zip(out, support, logprobs, target_top_logprobs(tiny_server.base_url, ids, out, k))
+            ):
+                assert token in row and set(row) == set(target), f"position {j}: support {row}, target top-{k} {target}"
+                scaled = {t: lp / temperature for t, lp in target.items()}
+                expected = scaled[token] - math.log(sum(math.exp(v) for v in scaled.values()))
+                assert logprob == pytest.approx(expected, abs=2e-4), f"position {j}"  # float32 softmaxes
     assert serves(tree_server.base_url)
 
 

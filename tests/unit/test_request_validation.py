@@ -42,6 +42,48 @@ def test_good_prompts_pass_through():
     assert validate_request(MANAGER, request(image_data=["img"]), []) is None  # the image expands the prompt
 
 
+LABELLED = SimpleNamespace(
+    model_config=MANAGER.model_config,
+    server_args=SimpleNamespace(tokenizer_metrics_allowed_custom_labels=["tenant", "app"]),
+)
+
+
+@pytest.mark.parametrize(
+    "manager, fields, message",
+    [
+        (MANAGER, {"positional_embed_overrides": [1, 2]}, "positional_embed_overrides carries tensors"),
+        (MANAGER, {"positional_embed_overrides": {"embeds": [[0.0]], "positions": [0]}}, "Python Engine API"),
+        (
+            MANAGER,
+            {"custom_labels": {"tenant": "a"}},
+            r"'tenant', not a metrics label of this server \(allowed: none\)",
+        ),
+        (
+            LABELLED,
+            {"custom_labels": {"tenant": "a", "zone": "b"}},
+            r"'zone'.*\(allowed: app, tenant\).*"
+            "--tokenizer-metrics-allowed-custom-labels zone",
+        ),
+        (LABELLED, {"custom_labels": {"is_streaming": "x"}}, "'is_streaming', not a metrics label"),
+        (LABELLED, {"custom_labels": {"tenant": {"a": 1}}}, r"custom_labels\['tenant'\] is .*label values are strings"),
+        (LABELLED, {"custom_labels": ["tenant"]}, "custom_labels must be an object"),
+    ],
+)
+def test_fields_only_the_python_api_can_fill_are_refused(manager, fields, message):
+    with pytest.raises(ValueError, match=message):
+        validate_request(manager, request(**fields), [1, 2])
+
+
+def test_python_api_overrides_and_allowed_labels_pass():
+    import torch
+    from sglang.srt.managers.embed_types import PositionalEmbeds
+
+    overrides = PositionalEmbeds(embeds=torch.zeros(1, 4), positions=[0])
+    assert validate_request(MANAGER, request(positional_embed_overrides=overrides), [1, 2]) is None
+    assert validate_request(LABELLED, request(custom_labels={"tenant": "a", "app": "b"}), [1, 2]) is None
+    assert validate_request(MANAGER, request(custom_labels={}), [1, 2]) is None
+
+
 def test_input_embeds_must_have_the_hidden_width():
     assert validate_request(MANAGER, request(input_embeds=[[0.0] * 4, [1.0] * 4]), None) is None
     with pytest.raises(ValueError, match=r"input_embeds\[1\] has width 3: every row must have the model's hidden"):
@@ -156,6 +198,8 @@ def normalized(batch_size=2, n=1, **fields):
         (normalized(top_logprobs_num=[1, 2, 3]), "top_logprobs_num has 3"),
         (normalized(n=2, sampling_params=[{}, {}]), "sampling_params has 2 entries for a batch of 2 prompts"),
         (normalized(batch_size=None, rid=["x", "y"]), "rid of a single prompt must be a string"),
+        (normalized(batch_size=None, text="hi", input_ids=[1, 2]), "both text and input_ids"),
+        (normalized(text=["a", "b"], input_ids=[[1], [2]]), "both text and input_ids"),
     ],
 )
 def test_per_prompt_lists_must_match_the_batch(obj, message):

@@ -4,12 +4,14 @@ raised; valid ones reach SGLang unchanged."""
 
 import asyncio
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
 from fastapi import HTTPException
 
 from sglang_kimi.route_validation import (
+    check_detokenize_tokens,
     check_generate_contract,
     check_generate_fields,
     check_reasoning_parser,
@@ -76,3 +78,28 @@ def test_vertex_requests_meet_the_generate_contract():
     with pytest.raises(HTTPException) as info:
         vertex(Request(text=["a"], sampling_params={"temperature": "low"}))
     assert "expected f64" in info.value.detail
+
+
+def detokenize_serving(size: int):
+    return SimpleNamespace(tokenizer_manager=SimpleNamespace(tokenizer=[None] * size))
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        ([1, -5], r"tokens holds -5, outside the tokenizer's vocabulary: give ids in \[0, 10\)"),
+        ([1, 10], "tokens holds 10, outside"),
+        ([[1, 2], [3, 10**8]], "tokens holds 100000000, outside"),
+    ],
+)
+def test_detokenize_ids_outside_the_vocabulary_are_refused(tokens, message):
+    refusal = check_detokenize_tokens(None, detokenize_serving(10), SimpleNamespace(tokens=tokens))
+    assert refusal is not None and re.search(message, refusal), refusal
+
+
+@pytest.mark.parametrize("tokens", [[0, 9], [[1], [2, 3]], [], [[]]])
+def test_detokenize_ids_inside_the_vocabulary_pass(tokens):
+    assert check_detokenize_tokens(None, detokenize_serving(10), SimpleNamespace(tokens=tokens)) is None
+    assert check_detokenize_tokens("earlier refusal", detokenize_serving(10), SimpleNamespace(tokens=tokens)) == (
+        "earlier refusal"
+    )
