@@ -268,6 +268,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         since=(0, 5, 22),  # SGLang's /generate API contract arrived there
     ),
     Entry(
+        "gc-freeze-wait",
+        "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
+        "sglang_kimi.gc_freeze:install_gc_freeze_wait",
+        "upstream race: with --skip-server-warmup (a CPU default of `sglang-kimi serve`) SGLang posts /freeze_gc to "
+        "itself before its HTTP server listens, logs the refused connection's traceback on every start and never "
+        "freezes the collector. The post waits until the server's port accepts connections",
+    ),
+    Entry(
         "dflash-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
         "sglang_kimi.req_to_token:install_dflash_row_headroom",
