@@ -197,7 +197,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "below 1, an empty stop string, stop token ids outside the vocabulary, text and input_ids together, and "
         "/v1/completions' best_of other than n and suffix (served, but not as asked); so are a JSON "
         "positional_embed_overrides (the scheduler dies) and custom_labels outside "
-        "--tokenizer-metrics-allowed-custom-labels (the tokenizer manager dies under --enable-metrics)",
+        "--tokenizer-metrics-allowed-custom-labels (the tokenizer manager dies under --enable-metrics), a "
+        "custom_logit_processor that does not deserialize (the scheduler dies), and return_routed_experts / "
+        "return_indexer_topk without the server flag that computes them (answered without them)",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
             "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",

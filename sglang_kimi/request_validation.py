@@ -27,6 +27,13 @@ not one of ``--tokenizer-metrics-allowed-custom-labels`` (with ``--enable-metric
 histograms with it, prometheus refuses the unknown label name, and the tokenizer manager dies). Both are refused, the
 labels naming the flag; so are label values that are not strings.
 
+On a server started with ``--enable-custom-logit-processor`` a ``custom_logit_processor`` that does not deserialize
+to a ``CustomLogitProcessor`` (not JSON, not a dill payload, another object) ends the scheduler where it builds the
+batch; it is deserialized here first, with the trust the flag already grants its clients (never without the flag:
+SGLang then refuses the field). ``return_routed_experts`` and ``return_indexer_topk`` on a server started without
+``--enable-return-routed-experts`` / ``--enable-return-indexer-topk`` would be answered without them, and are refused
+naming the flag.
+
 Two more checks turn what SGLang answers with HTTP 500 (an unhandled exception in the HTTP server) into a 400: a
 ``stop_regex`` that does not compile, and, after ``GenerateReqInput.normalize_batch_and_arguments``, per-prompt
 lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-probability options) and a list
@@ -143,6 +150,41 @@ def _check_python_only_fields(obj, allowed_labels) -> None:
             raise ValueError(f"custom_labels[{name!r}] is {value!r}: label values are strings")
 
 
+def _check_custom_logit_processor(obj, server_args) -> None:
+    given = getattr(obj, "custom_logit_processor", None)
+    if given is None or not getattr(server_args, "enable_custom_logit_processor", False):
+        return  # without the flag SGLang refuses the field itself, and nothing is deserialized
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+    fix = "serialize a CustomLogitProcessor subclass with its to_str()"
+    for serialized in [given] if not isinstance(given, list) else given:
+        if serialized is None:
+            continue
+        try:
+            processor = CustomLogitProcessor.from_str(serialized)
+        except Exception as exc:  # whatever json / dill raise on a malformed payload
+            reason = f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"custom_logit_processor does not deserialize ({reason}): {fix}") from None
+        if not isinstance(processor, CustomLogitProcessor):
+            raise ValueError(f"custom_logit_processor deserializes to a {type(processor).__name__}: {fix}")
+
+
+# request options whose output the server computes only when started with the flag
+CAPTURE_FLAGS = {
+    "return_routed_experts": "enable_return_routed_experts",
+    "return_indexer_topk": "enable_return_indexer_topk",
+}
+
+
+def _check_capture_options(obj, server_args) -> None:
+    for option, flag in CAPTURE_FLAGS.items():
+        if getattr(obj, option, False) and server_args is not None and not getattr(server_args, flag, False):
+            raise ValueError(
+                f"{option} needs a server started with --{flag.replace('_', '-')}; without it the answer would "
+                f"carry no {option.removeprefix('return_').replace('_', ' ')}"
+            )
+
+
 def _allowed_custom_labels(tokenizer_manager):
     server_args = getattr(tokenizer_manager, "server_args", None)
     return getattr(server_args, "tokenizer_metrics_allowed_custom_labels", None)
@@ -156,7 +198,10 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     """BEFORE ``_validate_one_request(self, obj, input_ids)``: raises ``ValueError`` for a request the scheduler
     cannot serve; returns None (SGLang's own checks then run unchanged)."""
     config = tokenizer_manager.model_config
+    server_args = getattr(tokenizer_manager, "server_args", None)
     _check_python_only_fields(obj, _allowed_custom_labels(tokenizer_manager))
+    _check_custom_logit_processor(obj, server_args)
+    _check_capture_options(obj, server_args)
     _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)

@@ -316,7 +316,8 @@ CPU_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 
 def check_cpu_args(args: list[str]) -> None:
     """Refuse, before SGLang loads weights, CPU settings its scheduler would fail on: a KV cache dtype SGLang cannot
-    keep on CPU, and a page size the kimi_cpu backend does not serve."""
+    keep on CPU, a page size the kimi_cpu backend does not serve, and the routed-experts capture (its host buffer is
+    pinned memory, which needs CUDA: the scheduler fails at start-up with "Torch not compiled with CUDA enabled")."""
     backend = _flag_value(args, "--attention-backend")
     value = _flag_value(args, "--kv-cache-dtype")
     if value is not None and value not in CPU_KV_CACHE_DTYPES and not (value == "fp8_e4m3" and backend == "intel_amx"):
@@ -324,6 +325,11 @@ def check_cpu_args(args: list[str]) -> None:
             f"--kv-cache-dtype {value} is not served on CPU with --attention-backend {backend}: SGLang keeps a CPU KV "
             "cache in FP8 only for MHA models on the intel_amx backend, and Kimi attends with MLA; on CPU use "
             "--kv-cache-dtype auto or bf16 (FP8 and FP4 KV caches run on CUDA and ROCm GPUs)"
+        )
+    if _has_flag(args, "--enable-return-routed-experts"):
+        raise LaunchError(
+            "--enable-return-routed-experts is not served on CPU: SGLang keeps the captured expert ids in pinned "
+            "host memory, which needs a CUDA or ROCm GPU; drop the flag on CPU"
         )
     page_size = _flag_value(args, "--page-size")
     if backend == KIMI_CPU_BACKEND and page_size is not None and page_size != "1":

@@ -32,6 +32,7 @@ MAX_NEW_TOKENS = 64
 DFLASH_TREE = [
     "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
     "--speculative-dflash-tree-budget", "32",
+    "--enable-custom-logit-processor",  # test_reliability's matrix sends processors
 ]  # fmt: skip
 EAGLE3_TREE = [
     "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),

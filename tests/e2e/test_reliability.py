@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from spec_common import generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
 from transformers import AutoTokenizer
 
@@ -23,6 +24,8 @@ from sglang_kimi.server import TINY_MODEL
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings
 PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
+BANNED = 373  # the second greedy token of PROMPT
+BAN_PROCESSOR = DisallowedTokensLogitsProcessor.to_str()
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +119,25 @@ MATRIX = [
     ("text and input_ids together", "/generate", {**body(), "input_ids": [1, 2]}, "4xx"),
     ("detokenize, negative token id", "/v1/detokenize", {"model": "m", "tokens": [1, -5]}, "4xx"),
     ("detokenize, token id past the vocabulary", "/v1/detokenize", {"model": "m", "tokens": [[1], [VOCAB]]}, "4xx"),
+    # the tree server allows custom logit processors (--enable-custom-logit-processor)
+    (
+        "custom_logit_processor that does not deserialize",
+        "/generate",
+        {**body(), "custom_logit_processor": "{x"},
+        "4xx",
+    ),
+    (
+        "custom_logit_processor banning a token",
+        "/generate",
+        {**body(8, custom_params={"token_ids": [BANNED]}), "custom_logit_processor": BAN_PROCESSOR},
+        lambda o: len(o["output_ids"]) == 8 and BANNED not in o["output_ids"],
+    ),
+    (
+        "routed experts from a server without their capture",
+        "/generate",
+        {**body(), "return_routed_experts": True},
+        "4xx",
+    ),
     # admin requests that ended the scheduler, or failed every later request
     ("expert distribution without its recorder", "/start_expert_distribution_record", {}, "4xx"),
     ("expert distribution dump without its recorder", "/dump_expert_distribution_record", {}, "4xx"),

@@ -176,6 +176,14 @@ def test_cpu_launch_passes_kv_cache_dtypes_sglang_serves_there(tmp_path, flags):
     assert spec.argv[spec.argv.index("--kv-cache-dtype") + 1] == flags[1]
 
 
+def test_cpu_launch_refuses_the_routed_experts_capture(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    args = ["--model-path", str(tmp_path), "--enable-return-routed-experts"]
+    with pytest.raises(server.LaunchError, match="--enable-return-routed-experts is not served on CPU.*drop the flag"):
+        server.launch_command(args, cpu=True, port=server.free_port())
+    assert "--enable-return-routed-experts" in server.launch_command(args, cpu=False, port=server.free_port()).argv
+
+
 def test_cpu_launch_refuses_pages_the_kimi_cpu_backend_does_not_serve(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(server.LaunchError, match="--page-size 16: the kimi_cpu attention backend keeps one token"):

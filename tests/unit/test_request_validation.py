@@ -84,6 +84,55 @@ def test_python_api_overrides_and_allowed_labels_pass():
     assert validate_request(MANAGER, request(custom_labels={}), [1, 2]) is None
 
 
+def custom_processor_manager(enabled: bool = True, **flags):
+    server_args = SimpleNamespace(enable_custom_logit_processor=enabled, tokenizer_metrics_allowed_custom_labels=None)
+    return SimpleNamespace(
+        model_config=MANAGER.model_config, server_args=SimpleNamespace(**(vars(server_args) | flags))
+    )
+
+
+def serialized(payload: object) -> str:
+    import json
+
+    import dill
+
+    return json.dumps({"callable": dill.dumps(payload).hex()})
+
+
+@pytest.mark.parametrize(
+    "processor, message",
+    [
+        ("not json", "custom_logit_processor does not deserialize .*JSONDecodeError.*to_str"),
+        ('{"callable": "zz"}', "custom_logit_processor does not deserialize .*ValueError"),
+        ('{"other": 1}', "custom_logit_processor does not deserialize .*KeyError"),
+        (serialized(dict), "custom_logit_processor deserializes to a dict"),
+    ],
+)
+def test_custom_logit_processors_that_do_not_deserialize_are_refused(processor, message):
+    with pytest.raises(ValueError, match=message):
+        validate_request(custom_processor_manager(), request(custom_logit_processor=processor), [1, 2])
+
+
+def test_custom_logit_processors_pass_or_are_left_to_sglang():
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    good = DisallowedTokensLogitsProcessor.to_str()
+    assert validate_request(custom_processor_manager(), request(custom_logit_processor=good), [1, 2]) is None
+    assert validate_request(custom_processor_manager(), request(custom_logit_processor=[good, None]), [1, 2]) is None
+    # without the flag nothing is deserialized: SGLang refuses the field with its own message
+    disabled = custom_processor_manager(enabled=False)
+    assert validate_request(disabled, request(custom_logit_processor="not json"), [1, 2]) is None
+
+
+@pytest.mark.parametrize("option", ["return_routed_experts", "return_indexer_topk"])
+def test_capture_options_need_their_server_flag(option):
+    flag = option.replace("return_", "enable_return_")
+    with pytest.raises(ValueError, match=f"{option} needs a server started with --{flag.replace('_', '-')}"):
+        validate_request(custom_processor_manager(), request(**{option: True}), [1, 2])
+    assert validate_request(custom_processor_manager(**{flag: True}), request(**{option: True}), [1, 2]) is None
+    assert validate_request(custom_processor_manager(), request(**{option: False}), [1, 2]) is None
+
+
 def test_input_embeds_must_have_the_hidden_width():
     assert validate_request(MANAGER, request(input_embeds=[[0.0] * 4, [1.0] * 4]), None) is None
     with pytest.raises(ValueError, match=r"input_embeds\[1\] has width 3: every row must have the model's hidden"):
