@@ -303,7 +303,8 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.model_loader.utils.get_model_architecture",
         "sglang_kimi.models.install:install_text_only_kimi_class",
         "with --language-model-only, Kimi-K2.5/K2.6 is built without its MoonViT tower and its weights are skipped "
-        "(SGLang 0.5.23 always builds and loads the tower)",
+        "(SGLang 0.5.23 always builds and loads the tower); the text-only class also takes input_embeds prompts "
+        "(SGLang's Kimi forward takes token ids only: an input_embeds request ended the scheduler)",
     ),
     Entry(
         "kimi-quant-dequant-fallback",

@@ -7,7 +7,9 @@ scheduler sees it. SGLang 0.5.23 checks the prompt's length and ``token_ids_logp
 - the prompt's token ids: an id outside ``[0, vocab_size)`` (or not an integer) reaches the embedding lookup, where it
   is an IndexError on CPU and a device-side assert on a GPU: the scheduler dies and every later request is refused;
 - an empty prompt (no token at all): the MoE forward of a 0-token batch cannot reshape (``moe_forward_native``);
-- ``input_embeds`` rows of the wrong width, which fail inside the model's first layer;
+- ``input_embeds`` rows of the wrong width, which fail inside the model's first layer, and ``input_embeds`` at all for
+  SGLang's multimodal Kimi class, whose ``forward`` takes token ids only (a ``TypeError`` in the scheduler; the
+  plugin's ``--language-model-only`` class serves them);
 - a ``top_k`` above 2^31 - 1: the scheduler packs every request's ``top_k`` into an int32 tensor when it builds a
   batch, and the overflow ends the scheduler (``-1`` and any value up to 2^31 - 1 mean the same as in SGLang);
 - a ``sampling_seed`` outside int64, packed the same way into an int64 tensor;
@@ -59,6 +61,21 @@ def _check_token_ids(input_ids, vocab_size: int) -> None:
             raise ValueError(
                 f"input_ids[{position}] is {token}, outside the vocabulary: token ids must be in [0, {vocab_size})"
             )
+
+
+KIMI_MULTIMODAL_ARCH = "KimiK25ForConditionalGeneration"
+
+
+def _check_embeds_are_served(tokenizer_manager) -> None:
+    """SGLang's multimodal Kimi class takes token ids only (the plugin's text-only class takes embeddings too)."""
+    hf_config = getattr(tokenizer_manager.model_config, "hf_config", None)
+    architectures = getattr(hf_config, "architectures", None) or ()
+    text_only = getattr(getattr(tokenizer_manager, "server_args", None), "language_model_only", False)
+    if KIMI_MULTIMODAL_ARCH in architectures and not text_only:
+        raise ValueError(
+            "input_embeds is not served by SGLang's multimodal Kimi-K2.5/K2.6 model, which takes token ids only: "
+            "start the server with --language-model-only to serve embeddings, or send input_ids or text"
+        )
 
 
 def _check_input_embeds(input_embeds, hidden_size: int) -> None:
@@ -206,6 +223,7 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
     if input_embeds is not None:
+        _check_embeds_are_served(tokenizer_manager)
         _check_input_embeds(input_embeds, int(config.hidden_size))
         return None
     if input_ids is None:

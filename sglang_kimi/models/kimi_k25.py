@@ -4,6 +4,11 @@ SGLang's ``--language-model-only`` skips the multimodal processor and marks ``hf
 but SGLang 0.5.23 refuses the flag for Kimi and its Kimi class always builds and loads the MoonViT tower. With the
 plugin, the flag is accepted for Kimi and :class:`KimiK25ForConditionalGeneration` builds only the language model
 when it is set, dropping the tower's weights while loading. Without the flag the class is SGLang's own.
+
+SGLang's Kimi class takes token ids only: its ``forward`` has no ``input_embeds``, so a request carrying
+``input_embeds`` (served with ``--disable-radix-cache``) ended the scheduler with a ``TypeError``. The text-only class
+passes them to the language model, as SGLang's DeepSeek-V3 class does; with the vision tower such requests are
+refused before they reach the scheduler (``request_validation``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ class KimiK25ForConditionalGeneration(_UpstreamKimiK25):
             quant_config,
             prefix="language_model" if isinstance(quant_config, (ModelSlimConfig, QuarkConfig)) else "",
         )
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False, **kwargs):
+        if input_embeds is None:
+            return super().forward(input_ids, positions, forward_batch, get_embedding=get_embedding, **kwargs)
+        # [num_tokens, hidden] embeddings in place of the token ids' rows
+        return self.language_model(input_ids, positions, forward_batch, input_embeds=input_embeds, **kwargs)
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
         if self.vision_tower is not None:

@@ -1,8 +1,10 @@
 """No request can kill a speculative server: a matrix of bad and unusual requests, admin ones included, against a
 DFLASH-tree server (each answered 4xx or validly, the server still generating after every one, greedy parity after
 all of them), and 200 concurrent mixed greedy / sampled requests with clients dropping their streams midway, against
-DFLASH-tree and EAGLE3-tree servers (every greedy output equal to the non-speculative server's). The tree servers are
-the session's (``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8 draft tokens)."""
+DFLASH-tree and EAGLE3-tree servers (every greedy output equal to the non-speculative server's); the sampling
+support a DFLASH tree reports for its committed tokens against the target's, and prompts given as embeddings. The
+tree servers are the session's (``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8
+draft tokens)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from safetensors import safe_open
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
-from spec_common import generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
+from spec_common import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
+from support.servers import launch
 from transformers import AutoTokenizer
 
 from sglang_kimi.server import TINY_MODEL
@@ -329,6 +333,36 @@ def test_sampling_mask_of_tree_verify_is_the_targets(tree_server, tiny_server, t
                 expected = scaled[token] - math.log(sum(math.exp(v) for v in scaled.values()))
                 assert logprob == pytest.approx(expected, abs=2e-4), f"position {j}"  # float32 softmaxes
     assert serves(tree_server.base_url)
+
+
+@pytest.fixture(scope="module")
+def embeds_server(tmp_path_factory):
+    """A DFLASH-tree server that takes input_embeds (SGLang serves them only without the radix cache)."""
+    server = launch(tmp_path_factory, "dflash-tree-embeds", KIMI_CPU + DFLASH_TREE + ["--disable-radix-cache"])
+    yield server
+    server.stop()
+
+
+def test_prompts_given_as_embeddings(embeds_server, tiny_server):
+    """``input_embeds`` on a DFLASH-tree server (rows of the target's embedding matrix for a prompt's tokens, one
+    prompt and a batch of two): the greedy tokens the non-speculative server gives the same prompts as token ids.
+    SGLang's Kimi class took no embeddings, and such a request ended the scheduler."""
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    with safe_open(str(TINY_MODEL / "model.safetensors"), "pt") as weights:
+        embedding = weights.get_tensor("language_model.model.embed_tokens.weight").float()  # [vocab, hidden]
+    prompts = [tokenizer(p)["input_ids"] for p in gsm8k_prompts(3)]
+    params = {"max_new_tokens": 32, "temperature": 0.0}
+    reference = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=32)]
+    single = {"input_embeds": embedding[prompts[0]].tolist(), "sampling_params": params}
+    batch = {"input_embeds": [embedding[ids].tolist() for ids in prompts[1:]], "sampling_params": params}
+    outputs = []
+    for payload in (single, batch):
+        response = requests.post(embeds_server.base_url + "/generate", json=payload, timeout=600)
+        assert response.status_code == 200, response.text[:300]
+        answer = response.json()
+        outputs += [o["output_ids"] for o in (answer if isinstance(answer, list) else [answer])]
+    assert outputs == reference
+    assert serves(embeds_server.base_url)
 
 
 # -- 200 concurrent mixed requests, 20 clients dropping their streams --------------------------------------------

@@ -133,6 +133,22 @@ def test_capture_options_need_their_server_flag(option):
     assert validate_request(custom_processor_manager(), request(**{option: False}), [1, 2]) is None
 
 
+def kimi_manager(language_model_only: bool):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            vocab_size=100, hidden_size=4, hf_config=SimpleNamespace(architectures=["KimiK25ForConditionalGeneration"])
+        ),
+        server_args=SimpleNamespace(language_model_only=language_model_only),
+    )
+
+
+def test_input_embeds_need_the_text_only_kimi_class():
+    embeds = [[0.0] * 4] * 2
+    with pytest.raises(ValueError, match="multimodal Kimi-K2.5/K2.6 model.*--language-model-only"):
+        validate_request(kimi_manager(False), request(input_embeds=embeds), None)
+    assert validate_request(kimi_manager(True), request(input_embeds=embeds), None) is None
+
+
 def test_input_embeds_must_have_the_hidden_width():
     assert validate_request(MANAGER, request(input_embeds=[[0.0] * 4, [1.0] * 4]), None) is None
     with pytest.raises(ValueError, match=r"input_embeds\[1\] has width 3: every row must have the model's hidden"):
