@@ -88,7 +88,9 @@ load_plugins()
 sglang_kimi.register()  # a second call in the same process must change nothing
 HookRegistry.apply_hooks()
 hooks = {t: len(HookRegistry._hooks[t]) for t in hooks_module.registered_targets()}
-ours = {t: len({h.fn for h in hooks_module.HOOKS if h.target == t}) for t in hooks}  # distinct hooks per target
+# distinct hooks per target, the plugin's AROUND hooks on a target nested into one
+ours = {t: len({h.fn for h in hooks_module.HOOKS if h.target == t and h.hook_type != "AROUND"})
+        + any(h.target == t and h.hook_type == "AROUND" for h in hooks_module.HOOKS) for t in hooks}
 print("RESULT=" + json.dumps({"state": plugin.registration_state(), "hooks": hooks, "ours": ours}))
 """
 
