@@ -186,6 +186,20 @@ def _resolve_adaptive(server_args, cfg, args, drafter, config) -> None:
     logger.info("sglang-kimi: adaptive speculation over %s: candidate widths %s", mode, list(widths))
 
 
+def _check_algorithm_name(name: str) -> None:
+    """SGLang raises a bare ``ValueError`` (a traceback at start-up) for a name it does not know."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    try:
+        SpeculativeAlgorithm.from_string(name)
+    except ValueError:
+        known = ", ".join(sorted(a.name for a in SpeculativeAlgorithm if a.name != "NONE"))
+        raise SpeculativeConfigError(
+            f"--speculative-algorithm {name} is not an algorithm SGLang knows: choose one of {known} (DFLASH with "
+            f"{TREE_BUDGET_FLAG} for draft trees)"
+        ) from None
+
+
 def _check_tree_budget(budget: int, algorithm: str | None) -> None:
     if algorithm != "DFLASH":
         raise SpeculativeConfigError(
@@ -299,6 +313,7 @@ def _resolve_speculative(original, server_args):
     args = plugin_args(server_args)
     algorithm = (cfg.speculative_algorithm or "").upper() or None
     if algorithm is not None:
+        _check_algorithm_name(cfg.speculative_algorithm)
         _check_cpu_backend(cfg, algorithm)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)

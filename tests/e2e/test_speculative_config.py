@@ -180,6 +180,7 @@ def cases(d):
             ["--speculative-num-steps 5 but no --speculative-eagle-topk"],
         ),
         (eagle3(d["eagle3"], "--speculative-eagle-topk", "4"), ["topk 4 but no --speculative-num-steps"]),
+        (["--speculative-algorithm", "DFLASHX"], ["DFLASHX is not an algorithm SGLang knows", "DFLASH, ", "EAGLE3"]),
         (
             eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "4"),
             ["tree (--speculative-eagle-topk 4) without --speculative-num-draft-tokens"],
