@@ -185,6 +185,15 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "path (as grammar-constrained ones do), so its exact per-node penalties count the previous step's tokens",
     ),
     Entry(
+        "deterministic-penalty-order",
+        "sglang.srt.sampling.penaltylib.orchestrator.BatchedPenalizerOrchestrator.__init__",
+        "sglang_kimi.workers.penalties:install_penalty_order",
+        "upstream bug: the synchronous sampler applies its penalizers in a set's iteration order, which differs "
+        "between processes, so the repetition penalty came before or after frequency / presence penalties at "
+        "random and such requests changed tokens across restarts; additive penalties first, scaling last, as the "
+        "overlap sampler and the plugin's speculative verify apply them",
+    ),
+    Entry(
         "request-validation",
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         "sglang_kimi.request_validation:install_request_validation",

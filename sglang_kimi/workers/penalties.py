@@ -20,6 +20,12 @@ node's path. Three hooks make that hold:
   DFLASH trees: the plugin's worker calls :func:`verify_penalties` and :func:`apply_exact_penalties` itself; EAGLE:
   ``workers/eagle_sampling.py`` calls :func:`apply_to_eagle_verify`.
 
+A fourth fixes the reference itself: SGLang's synchronous sampler applies its penalizers in the iteration order of
+a set of classes, which differs between processes, so a request combining the repetition penalty with frequency or
+presence penalties got other tokens after a restart. Every penalizer orchestrator keeps the additive penalizers
+first and the scaling one last (:func:`install_penalty_order`), the order of SGLang's overlap sampler and of the
+speculative verify above.
+
 Batches without penalties take none of these paths. The non-speculative reference is SGLang's synchronous sampler
 (``--disable-overlap-schedule``): its overlap scheduler counts each output token one step late
 (``docs/verification.md``).
@@ -243,3 +249,14 @@ def _needs_sync(original, batch, *args, **kwargs) -> bool:
 
 def install_penalty_sync(target: str):
     hook(target, _needs_sync, "AROUND")
+
+
+def _additive_then_scaling(result, orchestrator, *args, **kwargs):
+    """AFTER ``BatchedPenalizerOrchestrator.__init__``: its penalizers in a fixed order, additive ones first (by
+    name), then the multiplicative ones; ``apply`` runs them in this order."""
+    ordered = sorted(orchestrator.penalizers.items(), key=lambda item: (item[1].is_multiplicative, item[0].__name__))
+    orchestrator.penalizers = dict(ordered)
+
+
+def install_penalty_order(target: str):
+    hook(target, _additive_then_scaling, "AFTER")

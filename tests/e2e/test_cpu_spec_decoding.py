@@ -159,8 +159,9 @@ PENALTIES = {
     "repetition": {"repetition_penalty": 1.3},
     "frequency and presence": {"frequency_penalty": 1.0, "presence_penalty": 0.5},
     "min_new_tokens": {"min_new_tokens": 12, "stop_token_ids": [220, 13]},  # stop tokens the model emits early
-    # repetition is not combined with frequency / presence here: SGLang's synchronous sampler applies scaling and
-    # additive penalties in its penalizer set's order, which can differ between processes (docs/verification.md)
+    # additive and scaling together: SGLang's synchronous sampler applied them in a per-process order; the plugin
+    # pins additive first, scaling last in every process (docs/verification.md)
+    "frequency and repetition": {"frequency_penalty": 0.5, "repetition_penalty": 1.3},
     "repetition with logit bias and min_new_tokens": {
         "repetition_penalty": 1.2,
         "logit_bias": {"15": 2.0},
