@@ -20,6 +20,8 @@ fill_bonus_tokens_cpu                  kernels/ops/speculative/eagle.py ``fill_b
 fill_accept_out_cache_loc_cpu          eagle.py ``fill_accept_out_cache_loc``                tree accept (topk > 1)
 rotate_input_ids_cpu                   kernels/ops/speculative/multi_layer_eagle.py          multi-layer EAGLE
                                        ``rotate_input_ids_kernel``
+reconstruct_indices_from_tree_mask     kernels/ops/speculative/reconstruct_tree.py           NGRAM verify
+                                       ``reconstruct_indices_from_tree_mask_triton``
 ====================================== ===================================================== ======================
 
 The tree ops walk small trees (``num_draft_tokens`` nodes per request) on host lists; everything else is one
@@ -335,6 +337,37 @@ def rotate_input_ids_cpu(
         input_ids[last] = new_tokens[i].to(input_ids.dtype)
 
 
+def reconstruct_indices_from_tree_mask(
+    tree_mask: torch.Tensor,  # bool [bs * n * n], row-major (b, i, j): node j is an ancestor of node i (or i itself)
+    verified_seq_len: torch.Tensor,  # [bs]
+    positions: torch.Tensor,  # int64 [bs * n] (written)
+    retrieve_index: torch.Tensor,  # int64 [bs, n] or [bs * n] (written)
+    retrieve_next_token: torch.Tensor,  # int64 [bs, n] or [bs * n] (written)
+    retrieve_next_sibling: torch.Tensor,  # int64 [bs, n] or [bs * n] (written)
+    batch_size: int,
+    draft_token_num: int,
+) -> None:
+    """The NGRAM verify's tree metadata from its ancestor mask, as ``reconstruct_indices_from_tree_mask_triton``:
+    a node's position is the verified length plus its number of strict ancestors, its parent the last of them, its
+    first child the first later node it is an ancestor of, its next sibling the first later node with the same parent
+    (-1 for none, and for nodes without a parent)."""
+    bs, n = batch_size, draft_token_num
+    device = positions.device
+    slots = torch.arange(n, device=device)
+    later = slots[:, None] > slots[None, :]  # [n, n]: i > j
+    ancestors = tree_mask.reshape(bs, n, n).bool() & later  # [bs, n, n]: j a strict ancestor of i
+    depth = ancestors.sum(dim=2)  # [bs, n]
+    positions.copy_((depth + verified_seq_len.to(device).reshape(bs, 1).long()).reshape(positions.shape))
+    retrieve_index.copy_(torch.arange(bs * n, device=device).reshape(retrieve_index.shape))
+    parent = torch.where(ancestors, slots, -1).amax(dim=2)  # [bs, n]
+    first_child = torch.where(ancestors, slots[:, None], n).amin(dim=1)  # [bs, n], over the rows i of column j
+    retrieve_next_token.copy_(torch.where(first_child < n, first_child, -1).reshape(retrieve_next_token.shape))
+    same_parent = (parent[:, :, None] == parent[:, None, :]) & later  # [bs, k, tid]: k > tid, one parent
+    first_sibling = torch.where(same_parent, slots[:, None], n).amin(dim=1)  # [bs, n]
+    next_sibling = torch.where((parent >= 0) & (first_sibling < n), first_sibling, -1)
+    retrieve_next_sibling.copy_(next_sibling.reshape(retrieve_next_sibling.shape))
+
+
 OPS: dict = {
     fn.__name__: fn
     for fn in (
@@ -347,5 +380,6 @@ OPS: dict = {
         fill_bonus_tokens_cpu,
         fill_accept_out_cache_loc_cpu,
         rotate_input_ids_cpu,
+        reconstruct_indices_from_tree_mask,
     )
 }

@@ -227,3 +227,41 @@ else:
         multi_layer_eagle.rotate_input_ids_kernel[(3,)](ref, starts, lens, new, select, BLOCK_SIZE=4)
         sgl_kernel.rotate_input_ids_cpu(ours, starts, lens, new, select)
         assert torch.equal(ours, ref)
+
+    def random_tree_masks(gen, bs, n):
+        """NGRAM's verify mask: [bs, n, n] bool, node j an ancestor of node i or i itself, parents before children."""
+        mask = torch.zeros(bs, n, n, dtype=torch.bool)
+        for b in range(bs):
+            for i in range(n):
+                mask[b, i, i] = True
+                if i > 0:
+                    parent = int(torch.randint(0, i, (1,), generator=gen))
+                    mask[b, i] |= mask[b, parent]
+        return mask
+
+    @pytest.mark.parametrize("n", [1, 4, 8, 13])
+    @pytest.mark.parametrize("kind", ["tree", "any mask"])
+    def test_reconstruct_indices_from_tree_mask(n, kind):
+        from sglang.kernels.ops.speculative import reconstruct_tree
+
+        gen = torch.Generator().manual_seed(n)
+        bs = 3
+        if kind == "tree":
+            mask = random_tree_masks(gen, bs, n)
+        else:  # the op's contract holds for any boolean mask, not only a tree's
+            mask = torch.rand(bs, n, n, generator=gen) < 0.4
+        verified = torch.randint(1, 50, (bs,), generator=gen)
+
+        def run(fn):  # positions flat, the retrieve rows [bs, n], as the NGRAM worker allocates them
+            outs = [torch.full((bs * n,), -9, dtype=torch.int64)] + [
+                torch.full((bs, n), -9, dtype=torch.int64) for _ in range(3)
+            ]
+            fn(mask.reshape(-1), verified, *outs, bs, n)
+            return outs
+
+        ref = run(reconstruct_tree.reconstruct_indices_from_tree_mask_triton)
+        ours = run(sgl_kernel.speculative.reconstruct_indices_from_tree_mask)
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b)
+        if n > 1:
+            assert (ref[2] >= 0).any(), "no node has a child: the comparison covered no edge"
