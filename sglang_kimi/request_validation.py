@@ -51,6 +51,7 @@ from __future__ import annotations
 import re
 
 from sglang_kimi.hooks import hook
+from sglang_kimi.models.install import KIMI_ARCH
 
 
 def _check_token_ids(input_ids, vocab_size: int) -> None:
@@ -63,15 +64,10 @@ def _check_token_ids(input_ids, vocab_size: int) -> None:
             )
 
 
-KIMI_MULTIMODAL_ARCH = "KimiK25ForConditionalGeneration"
-
-
-def _check_embeds_are_served(tokenizer_manager) -> None:
+def _check_embeds_are_served(model_config, server_args) -> None:
     """SGLang's multimodal Kimi class takes token ids only (the plugin's text-only class takes embeddings too)."""
-    hf_config = getattr(tokenizer_manager.model_config, "hf_config", None)
-    architectures = getattr(hf_config, "architectures", None) or ()
-    text_only = getattr(getattr(tokenizer_manager, "server_args", None), "language_model_only", False)
-    if KIMI_MULTIMODAL_ARCH in architectures and not text_only:
+    architectures = getattr(getattr(model_config, "hf_config", None), "architectures", None) or ()
+    if KIMI_ARCH in architectures and not getattr(server_args, "language_model_only", False):
         raise ValueError(
             "input_embeds is not served by SGLang's multimodal Kimi-K2.5/K2.6 model, which takes token ids only: "
             "start the server with --language-model-only to serve embeddings, or send input_ids or text"
@@ -138,7 +134,7 @@ def _check_logprob_options(obj, vocab_size: int) -> None:
         )
 
 
-def _check_python_only_fields(obj, allowed_labels) -> None:
+def _check_python_only_fields(obj, server_args) -> None:
     overrides = getattr(obj, "positional_embed_overrides", None)
     if overrides is not None:
         try:
@@ -155,7 +151,7 @@ def _check_python_only_fields(obj, allowed_labels) -> None:
         return
     if not isinstance(labels, dict):
         raise ValueError("custom_labels must be an object of metric label names to string values")
-    allowed = set(allowed_labels or ())
+    allowed = set(getattr(server_args, "tokenizer_metrics_allowed_custom_labels", None) or ())
     for name, value in labels.items():
         if name not in allowed:
             known = ", ".join(sorted(allowed)) or "none"
@@ -202,11 +198,6 @@ def _check_capture_options(obj, server_args) -> None:
             )
 
 
-def _allowed_custom_labels(tokenizer_manager):
-    server_args = getattr(tokenizer_manager, "server_args", None)
-    return getattr(server_args, "tokenizer_metrics_allowed_custom_labels", None)
-
-
 def _has_multimodal_input(obj) -> bool:
     return any(getattr(obj, name, None) is not None for name in ("image_data", "video_data", "audio_data"))
 
@@ -216,14 +207,14 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     cannot serve; returns None (SGLang's own checks then run unchanged)."""
     config = tokenizer_manager.model_config
     server_args = getattr(tokenizer_manager, "server_args", None)
-    _check_python_only_fields(obj, _allowed_custom_labels(tokenizer_manager))
+    _check_python_only_fields(obj, server_args)
     _check_custom_logit_processor(obj, server_args)
     _check_capture_options(obj, server_args)
     _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
     if input_embeds is not None:
-        _check_embeds_are_served(tokenizer_manager)
+        _check_embeds_are_served(config, server_args)
         _check_input_embeds(input_embeds, int(config.hidden_size))
         return None
     if input_ids is None:

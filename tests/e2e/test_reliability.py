@@ -17,13 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from safetensors import safe_open
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
-from spec_common import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts, shared_tree_server, spec_metrics
+from spec_common import (
+    DFLASH_TREE,
+    KIMI_CPU,
+    generate_all,
+    gsm8k_prompts,
+    hf_model,
+    shared_tree_server,
+    spec_metrics,
+)
 from support.servers import launch
-from transformers import AutoTokenizer
-
-from sglang_kimi.server import TINY_MODEL
 
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings
@@ -310,7 +314,7 @@ def test_sampling_mask_of_tree_verify_is_the_targets(tree_server, tiny_server, t
     """``return_sampling_mask`` on a DFLASH-tree server: every committed token's support is the target's top-k at that
     position (the accepted path's own row, not the tree node's slot) and its log-probability is the target's,
     renormalised over the support at the request's temperature; greedy requests get the token itself, at 0."""
-    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    _, tokenizer = hf_model()
     k = 3
     for prompt in gsm8k_prompts(3):
         ids = tokenizer(prompt)["input_ids"]
@@ -319,7 +323,8 @@ def test_sampling_mask_of_tree_verify_is_the_targets(tree_server, tiny_server, t
             payload = {"input_ids": ids, "sampling_params": params, "return_sampling_mask": True}
             response = requests.post(tree_server.base_url + "/generate", json=payload, timeout=600)
             assert response.status_code == 200, response.text[:300]
-            out, meta = response.json()["output_ids"], response.json()["meta_info"]
+            answer = response.json()
+            out, meta = answer["output_ids"], answer["meta_info"]
             support, logprobs = meta["output_token_sampling_mask"], meta["output_token_sampling_logprobs"]
             assert len(support) == len(logprobs) == len(out)
             if params["temperature"] == 0.0:
@@ -347,9 +352,8 @@ def test_prompts_given_as_embeddings(embeds_server, tiny_server):
     """``input_embeds`` on a DFLASH-tree server (rows of the target's embedding matrix for a prompt's tokens, one
     prompt and a batch of two): the greedy tokens the non-speculative server gives the same prompts as token ids.
     SGLang's Kimi class took no embeddings, and such a request ended the scheduler."""
-    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
-    with safe_open(str(TINY_MODEL / "model.safetensors"), "pt") as weights:
-        embedding = weights.get_tensor("language_model.model.embed_tokens.weight").float()  # [vocab, hidden]
+    model, tokenizer = hf_model()
+    embedding = model.get_input_embeddings().weight.detach()  # [vocab, hidden], float32 as the server's
     prompts = [tokenizer(p)["input_ids"] for p in gsm8k_prompts(3)]
     params = {"max_new_tokens": 32, "temperature": 0.0}
     reference = [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=32)]
