@@ -228,26 +228,16 @@ else:
         sgl_kernel.rotate_input_ids_cpu(ours, starts, lens, new, select)
         assert torch.equal(ours, ref)
 
-    def random_tree_masks(gen, bs, n):
-        """NGRAM's verify mask: [bs, n, n] bool, node j an ancestor of node i or i itself, parents before children."""
-        mask = torch.zeros(bs, n, n, dtype=torch.bool)
-        for b in range(bs):
-            for i in range(n):
-                mask[b, i, i] = True
-                if i > 0:
-                    parent = int(torch.randint(0, i, (1,), generator=gen))
-                    mask[b, i] |= mask[b, parent]
-        return mask
-
     @pytest.mark.parametrize("n", [1, 4, 8, 13])
     @pytest.mark.parametrize("kind", ["tree", "any mask"])
     def test_reconstruct_indices_from_tree_mask(n, kind):
         from sglang.kernels.ops.speculative import reconstruct_tree
+        from support.spec_helpers import random_tree
 
         gen = torch.Generator().manual_seed(n)
         bs = 3
-        if kind == "tree":
-            mask = random_tree_masks(gen, bs, n)
+        if kind == "tree":  # NGRAM's verify mask: node j an ancestor of node i, or i itself
+            mask = random_tree(gen, bs, n, vocab=100, min_nodes=n).ancestor_mask()  # [bs, n, n]
         else:  # the op's contract holds for any boolean mask, not only a tree's
             mask = torch.rand(bs, n, n, generator=gen) < 0.4
         verified = torch.randint(1, 50, (bs,), generator=gen)
