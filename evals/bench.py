@@ -342,7 +342,6 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     check_load(args.input_len, args.output_len, args.num_prompts, args.warmup_requests)
     if args.launch and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
-    out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if args.launch:
             model = ["--model-path", args.model_path] if args.model_path else []
@@ -360,6 +359,7 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
         if baseline:
             check_same_model(baseline, server)
         cfg = resolve_config(args, server)
+        out_dir.mkdir(parents=True, exist_ok=True)  # after the servers answered: a failed start leaves no empty folder
         levels = sweep(server, cfg, out_dir, "server")
         base_levels = sweep(baseline, cfg, out_dir, "baseline") if baseline else None
     data = {

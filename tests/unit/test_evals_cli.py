@@ -244,9 +244,11 @@ def test_eval_launch_starts_both_servers_with_their_own_flags(capsys, data_dir, 
 
 def test_bench_unreachable_url(capsys, tmp_path):
     port = free_port()
-    code, err = _run(capsys, "bench", "--base-url", f"127.0.0.1:{port}", "--output-dir", str(tmp_path))
+    out_dir = tmp_path / "results"
+    code, err = _run(capsys, "bench", "--base-url", f"127.0.0.1:{port}", "--output-dir", str(out_dir))
     assert code == 2
     assert f"cannot reach http://127.0.0.1:{port}" in _one_error_line(err)
+    assert not out_dir.exists()  # nothing was measured: no empty results folder is left behind
 
 
 def test_bench_server_that_is_not_sglang(capsys, tmp_path):
