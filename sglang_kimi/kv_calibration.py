@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -71,6 +72,29 @@ def server_kv_state(base_url: str) -> dict:
     return kv
 
 
+def require_observing(base_url: str) -> dict:
+    """The server's KV scale state, refused unless it records its KV data (``observe`` mode)."""
+    state = server_kv_state(base_url)
+    if state.get("mode") != "observe" or not _layers(state):
+        raise CalibrationError(
+            f"the server at {base_url} does not record its KV data (mode {state.get('mode')!r}): restart it with "
+            f"{ENV}=observe (any --kv-cache-dtype), then rerun calibrate-kv"
+        )
+    return state
+
+
+def check_output_path(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written before any prompt is sent (creating its folder if needed)."""
+    if out.is_dir():
+        raise CalibrationError(f"--out {out} is a folder: give the path of the JSON file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CalibrationError(f"--out {out}: cannot create its folder ({exc.strerror or exc}): give a writable path")
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise CalibrationError(f"--out {out}: not writable: give a writable path")
+
+
 def _layers(kv: dict) -> dict[str, dict[int, LayerScale]]:
     out: dict[str, dict[int, LayerScale]] = {}
     for role in (TARGET, DRAFT):
@@ -90,12 +114,7 @@ def calibrate(
     rule: ScaleRule = ScaleRule(),
 ) -> tuple[dict, list[list[int]]]:
     """Run ``prompts`` (greedy) and return (the scale document, every request's prompt + output token ids)."""
-    before = server_kv_state(base_url)
-    if before.get("mode") != "observe" or not _layers(before):
-        raise CalibrationError(
-            f"the server at {base_url} does not record its KV data (mode {before.get('mode')!r}): restart it with "
-            f"{ENV}=observe (any --kv-cache-dtype), then rerun calibrate-kv"
-        )
+    before = require_observing(base_url)
 
     def run(prompt: str) -> list[int]:
         body = {
@@ -104,8 +123,15 @@ def calibrate(
             "return_logprob": True,
             "logprob_start_len": 0,
         }
-        response = requests.post(base_url + "/generate", json=body, timeout=600, headers=auth_headers())
-        response.raise_for_status()
+        try:
+            response = requests.post(base_url + "/generate", json=body, timeout=600, headers=auth_headers())
+        except requests.RequestException as exc:
+            raise CalibrationError(f"a calibration request to {base_url} failed ({exc}): is the server still up?")
+        if response.status_code != 200:
+            raise CalibrationError(
+                f"the server at {base_url} refused a calibration request (HTTP {response.status_code}: "
+                f"{response.text.strip()[:200]}); check its log"
+            )
         out = response.json()
         prompt_ids = [tok for _, tok, _ in out["meta_info"]["input_token_logprobs"]]
         return prompt_ids + list(out["output_ids"])
@@ -143,7 +169,13 @@ def run_calibrate_kv(args) -> int:
     check_calibration_args(args)
     use_api_key(args.api_key)
     rule = replace(ScaleRule(), headroom=args.headroom)
-    prompts = calibration_prompts(args.data_dir, args.num_prompts)
+    out = Path(args.out).expanduser()
+    check_output_path(out)
+    # local problems first, then the server, then the hub download (slow, and pointless without a usable server)
+    prompts = calibration_prompts(args.data_dir, args.num_prompts) if args.data_dir else None
+    require_observing(args.base_url.rstrip("/"))
+    if prompts is None:
+        prompts = calibration_prompts(None, args.num_prompts)
     doc, sequences = calibrate(
         args.base_url.rstrip("/"),
         prompts,
@@ -151,8 +183,6 @@ def run_calibrate_kv(args) -> int:
         concurrency=args.concurrency,
         rule=rule,
     )
-    out = Path(args.out).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     tokens = sum(len(s) for s in sequences)
     print(f"calibrated on {len(sequences)} prompts ({tokens} tokens); wrote {out} ({FORMAT})")

@@ -415,3 +415,40 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     with serve(payloads) as url:
         code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
         assert code == 2 and "does not record its KV data" in line and "SGLANG_KIMI_KV_SCALES=observe" in line
+
+
+def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatch):
+    """An unusable --out, an unreachable server and a server that refuses requests each end with one error line;
+    the first two before any prompt is loaded or sent (no hub download, no wasted generation)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "")
+    from support.fake_servers import serve, sglang_payloads
+
+    from sglang_kimi import kv_calibration
+    from sglang_kimi.server import free_port
+
+    def no_hub(data_dir, limit):
+        assert data_dir is not None, "the hub was contacted before the server and --out were checked"
+        return ["Question: How many?\nAnswer:"]
+
+    monkeypatch.setattr(kv_calibration, "calibration_prompts", no_hub)
+    folder = tmp_path / "scales"
+    folder.mkdir()
+    code, line = _calibrate(capsys, "--base-url", "http://127.0.0.1:1", "--out", str(folder))
+    assert code == 2 and f"--out {folder} is a folder" in line
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, line = _calibrate(capsys, "--base-url", "http://127.0.0.1:1", "--out", str(blocker / "s.json"))
+    assert code == 2 and "cannot create its folder" in line and "writable path" in line
+    out = tmp_path / "new" / "s.json"
+    code, line = _calibrate(capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", str(out))
+    assert code == 2 and "no SGLang server answers" in line
+    assert not out.exists()
+
+    payloads = sglang_payloads()
+    state = {"mode": "observe", "target": {"layers": {"0": {"mla": True, "k_amax": 1.0, "v_amax": 1.0, "tokens": 3}}}}
+    payloads[("GET", "/server_info")]["internal_states"] = [{"sglang_kimi": {"kv_scales": state}}]
+    payloads.pop(("POST", "/generate"), None)  # the fake server answers 404: a refused calibration request
+    with serve(payloads) as url:
+        code, line = _calibrate(capsys, "--base-url", url, "--out", str(out), "--data-dir", str(tmp_path))
+    assert code == 2 and "refused a calibration request (HTTP 404" in line
+    assert not out.exists()
