@@ -63,7 +63,8 @@ def server_kv_state(base_url: str) -> dict:
         hint = refused_key_hint(exc.response.status_code)
         raise CalibrationError(f"{base_url}: {hint or exc}") from None
     except requests.RequestException as exc:
-        raise CalibrationError(f"no SGLang server answers at {base_url} ({exc}): start one or fix --base-url")
+        reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
+        raise CalibrationError(f"no SGLang server answers at {base_url} ({reason}): start one or fix --base-url")
     kv = state.get("kv_scales")
     if kv is None:
         raise CalibrationError(
