@@ -332,6 +332,18 @@ def _check_bench_servers(args: argparse.Namespace) -> None:
         raise EvalError("give the baseline once: --baseline-url (running) or --baseline-args (launched)")
 
 
+def _check_dataset_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen prompts would ignore."""
+    dataset = args.dataset or PRESETS.get(args.preset or "", {}).get("dataset", "gsm8k")
+    if dataset != "random" and args.input_len is not None:
+        raise EvalError(
+            f"--input-len sets the length of random prompts, and the prompts here are {dataset} questions: "
+            "add --dataset random, or drop --input-len"
+        )
+    if dataset == "random" and args.data_dir:
+        raise EvalError("--data-dir holds GSM8K questions, and --dataset random makes its own prompts: drop one")
+
+
 def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     from sglang_kimi.evals import plots
 
@@ -340,6 +352,7 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     if args.concurrency:
         parse_concurrency(args.concurrency)
     check_load(args.input_len, args.output_len, args.num_prompts, args.warmup_requests)
+    _check_dataset_flags(args)
     if args.launch and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
     with ExitStack() as stack:

@@ -281,6 +281,11 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--launch", "--warmup-requests", "-1"], "--warmup-requests -1: give 0 or more"),
         (["--launch", "--launch-timeout", "0"], "--launch-timeout 0.0: give a number of seconds above 0"),
         (["--launch", "--launch-timeout", "nan"], "--launch-timeout nan: give a number of seconds above 0"),
+        # a flag the chosen prompts would ignore
+        (["--launch", "--input-len", "512"], "--input-len sets the length of random prompts"),
+        (["--launch", "--preset", "gsm8k", "--input-len", "512"], "add --dataset random, or drop --input-len"),
+        (["--launch", "--preset", "long", "--data-dir", "/d"], "--data-dir holds GSM8K questions"),
+        (["--launch", "--dataset", "random", "--data-dir", "/d"], "--dataset random makes its own prompts"),
     ],
 )
 def test_bench_bad_flags(capsys, tmp_path, argv, message):
