@@ -3,7 +3,8 @@
 - ``tau``: SGLang's ``internal_states[0]["avg_spec_accept_length"]``, output tokens per verify step over the
   server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation,
   and until SGLang's scheduler first logs decode statistics (its totals are updated at those log steps).
-- the plugin's counters, ``internal_states[0]["sglang_kimi"]["spec_metrics"]``, cumulative since start-up:
+- the plugin's counters, ``internal_states[i]["sglang_kimi"]["spec_metrics"]`` summed over the data-parallel
+  ranks ``i`` (:mod:`sglang_kimi.dp_reports`), cumulative since start-up:
   ``drafted_per_position[i]`` / ``accepted_per_position[i]``: decode steps that drafted position ``i + 1`` /
   accepted at least ``i + 1`` draft tokens (list index 0 = the first token after the bonus);
   ``accept_length_histogram[a]``: steps that accepted ``a`` drafts (bonus excluded).
@@ -16,6 +17,8 @@ From the histogram difference it also derives the level's own tau, output tokens
 
 from __future__ import annotations
 
+from sglang_kimi.dp_reports import merged_report
+
 COUNTERS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
 
 
@@ -27,7 +30,7 @@ def scheduler_state(server_info: dict) -> dict:
 def snapshot(server_info: dict) -> dict:
     """``{"tau": float | None, "spec_metrics": {counter: [int]} | None}`` of one ``/server_info`` answer."""
     state = scheduler_state(server_info)
-    metrics = (state.get("sglang_kimi") or {}).get("spec_metrics")
+    metrics = merged_report(server_info).get("spec_metrics")  # all data-parallel ranks
     if isinstance(metrics, dict):
         metrics = {k: list(metrics[k]) for k in COUNTERS if isinstance(metrics.get(k), list)}
     else:

@@ -22,6 +22,7 @@ from pathlib import Path
 import requests
 
 from sglang_kimi.api_key import auth_headers
+from sglang_kimi.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import Server, check_same_model, launch_pair, probe, split_args
@@ -154,8 +155,7 @@ def _stats(result: dict, metric: str) -> dict:
 
 def adaptive_steps(info: dict) -> dict[str, int] | None:
     """Steps per draft width of an adaptive server (``--speculative-kimi-adaptive``), None for any other."""
-    states = info.get("internal_states") or [{}]
-    state = ((states[0] or {}).get("sglang_kimi") or {}).get("adaptive")
+    state = merged_report(info).get("adaptive")
     return dict(state["steps_by_width"]) if state else None
 
 

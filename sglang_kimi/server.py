@@ -114,20 +114,42 @@ def shims_needed() -> list[str]:
 CPU_THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
-def cpu_threads_bind(tp_size: int, cores: list[int] | None = None) -> str:
-    """SGLang's per-rank CPU core lists for ``--tp N`` on CPU (``SGLANG_CPU_OMP_THREADS_BIND``, ranks separated by
-    ``|``): this process's cores split into N contiguous groups. SGLang's CPU engine otherwise asserts one rank per
-    NUMA node. Example: cores 0..5, tp 2 -> ``"0-2|3-5"``; cores 0, 1, tp 2 -> ``"0|1"``; cores 0, 2, 4, 6, tp 2 ->
-    ``"0,2|4,6"``."""
+# SGLang's parallel sizes and their flag spellings; on CPU each rank of dp x tp x pp is one process with its cores
+PARALLEL_FLAGS = {
+    "--tp": ("--tp", "--tp-size", "--tensor-parallel-size"),
+    "--dp": ("--dp", "--dp-size", "--data-parallel-size"),
+    "--pp": ("--pp", "--pp-size", "--pipeline-parallel-size"),
+}
+
+
+def parallel_ranks(args: list[str]) -> tuple[int, str]:
+    """The scheduler processes ``args`` start (dp x tp x pp) and the flags that set them, e.g. ``--tp 2 --dp 2``."""
+    ranks, given = 1, []
+    for name, spellings in PARALLEL_FLAGS.items():
+        value = next((v for v in (_flag_value(args, f) for f in spellings) if v is not None), None)
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise LaunchError(f"{name} {value} is not a positive number: pass {name} with a number of ranks")
+        ranks *= int(value)
+        given.append(f"{name} {value}")
+    return ranks, " ".join(given)
+
+
+def cpu_threads_bind(ranks: int, cores: list[int] | None = None, flags: str = "--tp") -> str:
+    """SGLang's per-rank CPU core lists on CPU (``SGLANG_CPU_OMP_THREADS_BIND``, ranks separated by ``|``): this
+    process's cores split into ``ranks`` (dp x tp x pp) contiguous groups. SGLang's CPU engine otherwise asserts one
+    rank per NUMA node. Example: cores 0..5, 2 ranks -> ``"0-2|3-5"``; cores 0, 1, 2 ranks -> ``"0|1"``; cores 0, 2,
+    4, 6, 2 ranks -> ``"0,2|4,6"``."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
-    if tp_size > len(cores):
+    if ranks > len(cores):
         raise LaunchError(
-            f"--tp {tp_size} on CPU needs at least one core per rank, but this process may use {len(cores)}: lower "
-            f"--tp, or set {CPU_THREADS_BIND_ENV} yourself"
+            f"{flags} on CPU start {ranks} ranks, which need at least one core each, but this process may use "
+            f"{len(cores)}: lower them, or set {CPU_THREADS_BIND_ENV} yourself"
         )
     groups, start = [], 0
-    for rank in range(tp_size):
-        size = len(cores) // tp_size + (1 if rank < len(cores) % tp_size else 0)
+    for rank in range(ranks):
+        size = len(cores) // ranks + (1 if rank < len(cores) % ranks else 0)
         group = cores[start : start + size]
         start += size
         groups.append(_core_list(group))
@@ -375,11 +397,9 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args)
     env, shims = sglang_env(cpu)
-    tp = _flag_value(args, "--tp") or _flag_value(args, "--tp-size") or _flag_value(args, "--tensor-parallel-size")
-    if tp is not None and not tp.isdigit():
-        raise LaunchError(f"--tp {tp} is not a number: pass --tp with the number of tensor-parallel ranks")
-    if cpu and tp is not None and int(tp) > 1 and CPU_THREADS_BIND_ENV not in env:
-        env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(int(tp))
+    ranks, flags = parallel_ranks(args)
+    if cpu and ranks > 1 and CPU_THREADS_BIND_ENV not in env:
+        env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags)
     argv = [sys.executable, "-m", "sglang.launch_server", *args]
     return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims, any_port=any_port)
 
@@ -555,9 +575,9 @@ def start_server(
 
 
 def fetch_plugin_state(base_url: str) -> dict:
-    """The plugin's state reported by the server's scheduler (``/server_info``)."""
+    """The plugin's state reported by the server's schedulers (``/server_info``), merged over data-parallel ranks."""
     response = requests.get(base_url + "/server_info", timeout=30, headers=auth_headers())
     response.raise_for_status()
-    info = response.json()
-    states = info.get("internal_states") or [{}]
-    return states[0].get("sglang_kimi") or {}
+    from sglang_kimi.dp_reports import merged_report
+
+    return merged_report(response.json())

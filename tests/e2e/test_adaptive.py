@@ -3,7 +3,7 @@ does not.
 
 The policy is forced to switch often (one step in two explores another width, no hysteresis), so a request runs
 many widths, 0 (no draft) included. DFLASH chains (the plugin's worker) and EAGLE3 chains (SGLang's adaptive runtime
-with the plugin's policy) here, DFLASH trees in ``test_tensor_parallel.py`` (adaptive at TP 2: greedy equal to TP 1,
+with the plugin's policy) here, DFLASH trees in ``test_parallel.py`` (adaptive at TP 2: greedy equal to TP 1,
 sampled tokens exact samples of the target):
 - greedy: every token equals the non-speculative server's at concurrency 1 and 8, and the log-probabilities the
   server reports for them (from verify windows of changing widths) equal transformers';

@@ -268,16 +268,25 @@ def test_demo_exit_code_follows_the_table(capsys):
     assert exit_code([reference, ModeResult("eagle3-tree", [], ok_state)]) == 1  # a missing answer is a difference
 
 
-def test_cpu_tensor_parallel_binds_one_core_group_per_rank(tmp_path):
+def test_cpu_parallel_ranks_bind_one_core_group_each(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert server.cpu_threads_bind(2, [0, 1]) == "0|1"
     assert server.cpu_threads_bind(3, list(range(8))) == "0-2|3-5|6-7"
     assert server.cpu_threads_bind(2, [0, 2, 4, 6]) == "0,2|4,6"
-    with pytest.raises(server.LaunchError, match="one core per rank"):
-        server.cpu_threads_bind(4, [0, 1])
-    spec = server.launch_command(["--model-path", str(tmp_path), "--tp", "2"], cpu=True, port=server.free_port())
-    if len(os.sched_getaffinity(0)) >= 2:
-        assert spec.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+    with pytest.raises(server.LaunchError, match="--dp 2 --tp 2 on CPU start 4 ranks, which need at least one core"):
+        server.cpu_threads_bind(4, [0, 1], flags="--dp 2 --tp 2")
+    # every scheduler process is a rank: data, tensor and pipeline parallel sizes multiply, in any spelling
+    assert server.parallel_ranks(["--tp", "2"]) == (2, "--tp 2")
+    assert server.parallel_ranks(["--dp-size=2", "--tensor-parallel-size", "3"]) == (6, "--tp 3 --dp 2")
+    assert server.parallel_ranks(["--pipeline-parallel-size", "2", "--data-parallel-size", "2"]) == (4, "--dp 2 --pp 2")
+    assert server.parallel_ranks([]) == (1, "")
+    for bad in (["--tp", "two"], ["--dp-size", "0"]):
+        with pytest.raises(server.LaunchError, match="is not a positive number"):
+            server.parallel_ranks(bad)
+    for flags in (["--tp", "2"], ["--dp-size", "2"]):
+        spec = server.launch_command(["--model-path", str(tmp_path), *flags], cpu=True, port=server.free_port())
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert spec.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     single = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.free_port())
     assert "SGLANG_CPU_OMP_THREADS_BIND" not in single.env or "SGLANG_CPU_OMP_THREADS_BIND" in os.environ
 

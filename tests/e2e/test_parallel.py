@@ -1,20 +1,27 @@
-"""Tensor parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``), and
+"""Tensor and data parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``,
+dp x tp ranks), and
 the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
 TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
 
 The DFLASH tree server is adaptive (``--speculative-kimi-adaptive``, tree budgets 0..16) with a policy forced to
 switch widths every other step: both ranks must run rank 0's width at every step (their timings differ), and the
 output must not depend on which widths ran. Its budgets 1 and 2 are chains of one and two drafts, and budget 0 is
-the plain verify of the bonus token."""
+the plain verify of the bonus token.
+
+At DP 2 each rank is a scheduler process serving its own requests with its own plugin counters: the DFLASH tree's
+greedy output equals TP 1's, and the plugin's report read from ``/server_info`` (``sglang_kimi.dp_reports``) counts
+the steps of both ranks."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import requests
 from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, sampled_pit_pvalue
 from support.servers import launch
 
+from sglang_kimi.dp_reports import reports
 from sglang_kimi.server import fetch_plugin_state
 
 TP2 = ["--tp", "2"]
@@ -64,3 +71,25 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         pvalue, greedy_pvalue, outside = sampled_pit_pvalue(tp2_server.base_url, prompts[0], 80, 4, 0.9)
         print(f"sampled DFLASH tree at TP 2: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
+
+
+def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1_outputs):
+    prompts, expected = tp1_outputs
+    args = KIMI_CPU + ["--dp-size", "2"] + DFLASH + ["--speculative-dflash-tree-budget", "16"]
+    server = launch(tmp_path_factory, "dp2_dflash_tree", args)
+    try:
+        # round-robin over the two ranks: every prompt twice, so both ranks serve
+        outputs = generate_all(server.base_url, prompts * 2, 4, max_new_tokens=TOKENS)
+        for i, out in enumerate(outputs):
+            assert out["output_ids"] == expected[i % len(prompts)], f"DP 2: prompt {i % len(prompts)} differs"
+        info = requests.get(server.base_url + "/server_info", timeout=30).json()
+        per_rank = [r["spec_metrics"] for r in reports(info)]
+        assert len(per_rank) == 2 and all(m["steps"] > 0 for m in per_rank), per_rank
+        merged = fetch_plugin_state(server.base_url)
+        assert merged["failed"] == [] and merged["data_parallel_ranks"] == 2
+        metrics = merged["spec_metrics"]
+        assert metrics["steps"] == sum(m["steps"] for m in per_rank) == sum(metrics["accept_length_histogram"])
+        assert metrics["drafted_per_position"][0] == metrics["steps"]
+        print(f"DFLASH tree at DP 2: steps per rank {[m['steps'] for m in per_rank]}, tau {metrics['tau']:.2f}")
+    finally:
+        server.stop()
