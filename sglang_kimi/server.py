@@ -125,10 +125,11 @@ PARALLEL_FLAGS = {
 def parallel_ranks(args: list[str]) -> tuple[int, str]:
     """The scheduler processes ``args`` start (dp x tp x pp) and the flags that set them, e.g. ``--tp 2 --dp 2``."""
     ranks, given = 1, []
-    for name, spellings in PARALLEL_FLAGS.items():
-        value = next((v for v in (_flag_value(args, f) for f in spellings) if v is not None), None)
-        if value is None:
+    for spellings in PARALLEL_FLAGS.values():
+        given_as = [(f, v) for f in spellings if (v := _flag_value(args, f)) is not None]
+        if not given_as:
             continue
+        name, value = given_as[0]
         if not value.isdigit() or int(value) < 1:
             raise LaunchError(f"{name} {value} is not a positive number: pass {name} with a number of ranks")
         ranks *= int(value)

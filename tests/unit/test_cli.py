@@ -88,7 +88,8 @@ def test_serve_port_whose_connections_linger_is_free(capsys, tmp_path):
         (["--port", "http"], "--port http is not a number"),
         (["--host", "no-such-host.invalid"], "--host no-such-host.invalid is not an address of this machine"),
         (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:"),  # TEST-NET-1: never this machine's
-        (["--tp", "two"], "--tp two is not a number"),
+        (["--tp", "two"], "--tp two is not a positive number"),
+        (["--dp-size", "0"], "--dp-size 0 is not a positive number"),
     ],
 )
 def test_serve_bad_network_and_parallel_flags(capsys, tmp_path, flags, message):
@@ -277,8 +278,14 @@ def test_cpu_parallel_ranks_bind_one_core_group_each(tmp_path):
         server.cpu_threads_bind(4, [0, 1], flags="--dp 2 --tp 2")
     # every scheduler process is a rank: data, tensor and pipeline parallel sizes multiply, in any spelling
     assert server.parallel_ranks(["--tp", "2"]) == (2, "--tp 2")
-    assert server.parallel_ranks(["--dp-size=2", "--tensor-parallel-size", "3"]) == (6, "--tp 3 --dp 2")
-    assert server.parallel_ranks(["--pipeline-parallel-size", "2", "--data-parallel-size", "2"]) == (4, "--dp 2 --pp 2")
+    assert server.parallel_ranks(["--dp-size=2", "--tensor-parallel-size", "3"]) == (
+        6,
+        "--tensor-parallel-size 3 --dp-size 2",
+    )
+    assert server.parallel_ranks(["--pp-size", "2", "--data-parallel-size", "2"]) == (
+        4,
+        "--data-parallel-size 2 --pp-size 2",
+    )
     assert server.parallel_ranks([]) == (1, "")
     for bad in (["--tp", "two"], ["--dp-size", "0"]):
         with pytest.raises(server.LaunchError, match="is not a positive number"):
