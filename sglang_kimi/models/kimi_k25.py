@@ -50,11 +50,31 @@ class KimiK25ForConditionalGeneration(_UpstreamKimiK25):
             prefix="language_model" if isinstance(quant_config, (ModelSlimConfig, QuarkConfig)) else "",
         )
 
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False, **kwargs):
+    # pp_proxy_tensors is named, not left to **kwargs: SGLang's ModelRunner enables pipeline parallelism only for a
+    # model whose forward signature has it (``support_pp``)
+    def forward(
+        self,
+        input_ids,
+        positions,
+        forward_batch,
+        input_embeds=None,
+        get_embedding=False,
+        pp_proxy_tensors=None,
+        **kwargs,
+    ):
         if input_embeds is None:
-            return super().forward(input_ids, positions, forward_batch, get_embedding=get_embedding, **kwargs)
+            return super().forward(
+                input_ids,
+                positions,
+                forward_batch,
+                get_embedding=get_embedding,
+                pp_proxy_tensors=pp_proxy_tensors,
+                **kwargs,
+            )
         # [num_tokens, hidden] embeddings in place of the token ids' rows
-        return self.language_model(input_ids, positions, forward_batch, input_embeds=input_embeds, **kwargs)
+        return self.language_model(
+            input_ids, positions, forward_batch, input_embeds=input_embeds, pp_proxy_tensors=pp_proxy_tensors, **kwargs
+        )
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
         if self.vision_tower is not None:

@@ -1,5 +1,5 @@
-"""Tensor and data parallelism 2 on CPU: the launcher binds one core group per rank (``SGLANG_CPU_OMP_THREADS_BIND``,
-dp x tp ranks), and
+"""Tensor, data and pipeline parallelism 2 on CPU: the launcher binds one core group per rank
+(``SGLANG_CPU_OMP_THREADS_BIND``, dp x tp x pp ranks), and
 the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
 TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
 
@@ -10,7 +10,8 @@ the plain verify of the bonus token.
 
 At DP 2 each rank is a scheduler process serving its own requests with its own plugin counters: the DFLASH tree's
 greedy output equals TP 1's, and the plugin's report read from ``/server_info`` (``sglang_kimi.dp_reports``) counts
-the steps of both ranks."""
+the steps of both ranks. At PP 2 (SGLang's DFLASH needs PP 1) the autoregressive greedy output equals TP 1's:
+the plugin's Kimi class keeps SGLang's pipeline-parallel forward."""
 
 from __future__ import annotations
 
@@ -91,5 +92,16 @@ def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1
         assert metrics["steps"] == sum(m["steps"] for m in per_rank) == sum(metrics["accept_length_histogram"])
         assert metrics["drafted_per_position"][0] == metrics["steps"]
         print(f"DFLASH tree at DP 2: steps per rank {[m['steps'] for m in per_rank]}, tau {metrics['tau']:.2f}")
+    finally:
+        server.stop()
+
+
+def test_pp2_greedy_equals_tp1(tmp_path_factory, tp1_outputs):
+    prompts, expected = tp1_outputs
+    server = launch(tmp_path_factory, "pp2_autoregressive", KIMI_CPU + ["--pp-size", "2"])
+    try:
+        outputs = generate_all(server.base_url, prompts, 2, max_new_tokens=TOKENS)
+        for i, (out, ref) in enumerate(zip(outputs, expected)):
+            assert out["output_ids"] == ref, f"PP 2: prompt {i} differs from TP 1"
     finally:
         server.stop()
