@@ -114,7 +114,9 @@ def shims_needed() -> list[str]:
 CPU_THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
-# SGLang's parallel sizes and their flag spellings; on CPU each rank of dp x tp x pp is one process with its cores
+# SGLang's parallel sizes and their flag spellings; on CPU each rank of dp x tp x pp is one process with its cores.
+# Attention data parallelism (--attn-dp-size, or the older --dp-size N --enable-dp-attention, which SGLang reads as
+# --attn-dp-size N) splits the tensor-parallel ranks and starts no process of its own.
 PARALLEL_FLAGS = {
     "--tp": ("--tp", "--tp-size", "--tensor-parallel-size"),
     "--dp": ("--dp", "--dp-size", "--data-parallel-size"),
@@ -125,7 +127,9 @@ PARALLEL_FLAGS = {
 def parallel_ranks(args: list[str]) -> tuple[int, str]:
     """The scheduler processes ``args`` start (dp x tp x pp) and the flags that set them, e.g. ``--tp 2 --dp 2``."""
     ranks, given = 1, []
-    for spellings in PARALLEL_FLAGS.values():
+    for size, spellings in PARALLEL_FLAGS.items():
+        if size == "--dp" and _has_flag(args, "--enable-dp-attention"):
+            continue
         given_as = [(f, v) for f in spellings if (v := _flag_value(args, f)) is not None]
         if not given_as:
             continue

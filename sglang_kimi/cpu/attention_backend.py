@@ -171,9 +171,12 @@ class KimiCpuAttnBackend(AttentionBackend):
             num_tokens = int(getattr(spec_info, "draft_token_num", 0) or spec_info.num_tokens_per_req)
         prefix_lens = forward_batch.seq_lens[:bs].to(torch.long)
         custom_mask = getattr(spec_info, "custom_mask", None) if spec_info is not None else None
+        # attention data parallelism pads the batch after the verify input was built: its drafts count the real rows
+        draft = getattr(spec_info, "draft_token", None)
+        real = min(bs, draft.numel() // num_tokens) if draft is not None else bs
         tree_mask, prefix_mask = None, None
         if custom_mask is not None:
-            tree_mask, prefix_mask = read_verify_mask(custom_mask, prefix_lens, num_tokens)
+            tree_mask, prefix_mask = read_verify_mask(custom_mask, prefix_lens[:real], num_tokens, padded_to=bs)
         return VerifyLayout(prefix_lens, num_tokens, tree_mask, prefix_mask)
 
     # -- forward ----------------------------------------------------------------------------------------------
@@ -310,6 +313,10 @@ class KimiCpuAttnBackend(AttentionBackend):
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
+    def get_cpu_graph_seq_len_fill_value(self):
+        # the length SGLang gives the rows it pads a batch with on CPU (attention data parallelism syncs batch sizes)
+        return 1
+
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError(f"the {BACKEND_NAME} attention backend runs without CUDA graphs")
 
@@ -373,8 +380,9 @@ def attend(
     return torch.einsum("hnl,lhd->nhd", probs, values.float())
 
 
-def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: int):
-    """SGLang's verify mask as (tree [bs, N, N] bool, prefix masks or None).
+def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: int, padded_to: int | None = None):
+    """SGLang's verify mask as (tree [bs, N, N] bool, prefix masks or None), ``bs`` = ``padded_to`` or the requests
+    of ``prefix_lens``.
 
     QLEN_ONLY (``eagle_utils.build_tree_kernel_efficient`` on CPU): exactly ``bs * N * N`` cells, request-major,
     row = query node, column = key node; the prefix is visible to every node.
@@ -382,11 +390,16 @@ def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: in
     starts at ``N * sum(p_<b) + N * N * b`` and holds N rows of ``p_b + N`` cells (prefix columns, then the tree);
     the buffer may be longer than the blocks (SGLang over-allocates it). Prefix columns are returned only when
     some are masked.
+
+    Rows past ``prefix_lens`` up to ``padded_to`` are the ones attention data parallelism pads a batch with (length
+    1, KV written to the reserved slot 0, outputs dropped): no cells in the mask, a causal tree, nothing masked.
     """
     bs = prefix_lens.numel()
+    pad = (padded_to or bs) - bs
     flat = custom_mask.reshape(-1).to(torch.bool)
+    causal = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril()  # [N, N]
     if flat.numel() == bs * n * n:
-        return flat.view(bs, n, n), None
+        return torch.cat([flat.view(bs, n, n), causal.expand(pad, n, n)]), None
     trees, prefixes, offset, any_prefix_masked = [], [], 0, False
     for p in prefix_lens.tolist():
         block = flat[offset : offset + n * (p + n)].view(n, p + n)
@@ -394,6 +407,8 @@ def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: in
         prefixes.append(block[:, :p])
         any_prefix_masked = any_prefix_masked or not bool(block[:, :p].all())
         offset += n * (p + n)
+    trees += [causal] * pad
+    prefixes += [torch.ones(n, 1, dtype=torch.bool, device=flat.device)] * pad
     return torch.stack(trees), (prefixes if any_prefix_masked else None)
 
 

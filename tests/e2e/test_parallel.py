@@ -1,7 +1,9 @@
 """Tensor, data and pipeline parallelism 2 on CPU: the launcher binds one core group per rank
 (``SGLANG_CPU_OMP_THREADS_BIND``, dp x tp x pp ranks), and
 the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
-TP 2 equals TP 1's; sampled DFLASH trees at TP 2 follow the target distribution.
+TP 2 equals TP 1's, EAGLE3 trees' also with attention data parallelism (``--dp-size 2 --enable-dp-attention``:
+SGLang pads each rank's verify batch to the ranks' common size; on CPU SGLang refuses DFLASH with it); sampled
+DFLASH trees at TP 2 follow the target distribution.
 
 The DFLASH tree server is adaptive (``--speculative-kimi-adaptive``, tree budgets 0..16) with a policy forced to
 switch widths every other step: both ranks must run rank 0's width at every step (their timings differ), and the
@@ -33,6 +35,8 @@ CONFIGS = {
     "autoregressive": [],
     "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
     "eagle3-tree": EAGLE3_TREE,
+    # attention data parallelism: two attention groups inside the TP group, batches padded to a common size
+    "eagle3-tree-dp-attention": EAGLE3_TREE + ["--dp-size", "2", "--enable-dp-attention"],
 }  # fmt: skip
 
 
@@ -58,7 +62,9 @@ def tp2_server(request, tmp_path_factory):
 
 def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
     prompts, expected = tp1_outputs
-    outputs = [o["output_ids"] for o in generate_all(tp2_server.base_url, prompts, 2, max_new_tokens=TOKENS)]
+    # three in flight at attention DP 2: one group verifies two requests, the other one padded to two
+    concurrency = 3 if "dp-attention" in tp2_server.config else 2
+    outputs = [o["output_ids"] for o in generate_all(tp2_server.base_url, prompts, concurrency, max_new_tokens=TOKENS)]
     for i, (got, ref) in enumerate(zip(outputs, expected)):
         assert got == ref, f"{tp2_server.config} at TP 2: prompt {i} differs from TP 1"
     state = fetch_plugin_state(tp2_server.base_url)

@@ -287,6 +287,9 @@ def test_cpu_parallel_ranks_bind_one_core_group_each(tmp_path):
         "--data-parallel-size 2 --pp-size 2",
     )
     assert server.parallel_ranks([]) == (1, "")
+    # attention data parallelism splits the TP ranks: no process of its own
+    assert server.parallel_ranks(["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]) == (2, "--tp 2")
+    assert server.parallel_ranks(["--tp", "2", "--attn-dp-size", "2"]) == (2, "--tp 2")
     for bad in (["--tp", "two"], ["--dp-size", "0"]):
         with pytest.raises(server.LaunchError, match="is not a positive number"):
             server.parallel_ranks(bad)

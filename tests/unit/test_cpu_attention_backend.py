@@ -305,3 +305,19 @@ else:
         tree, prefix_masks = read_verify_mask(flat, prefix, n)
         assert torch.equal(tree[0], blocks[0][:, 3:]) and torch.equal(tree[1], blocks[1][:, 2:])
         assert prefix_masks is not None and not bool(prefix_masks[0][1, 0]) and bool(prefix_masks[1].all())
+
+    def test_rows_padded_by_attention_data_parallelism_get_a_causal_tree():
+        """SGLang pads a verify batch to the DP ranks' common size after the mask was built: the real rows keep
+        their masks (either layout) and the padded rows, which have no cells, get a causal tree."""
+        from sglang_kimi.cpu.attention_backend import read_verify_mask
+
+        n = 3
+        trees = torch.rand(2, n, n) > 0.5  # two real requests, QLEN_ONLY layout
+        tree, prefix_masks = read_verify_mask(trees.reshape(-1), torch.tensor([5, 4]), n, padded_to=4)
+        assert tree.shape == (4, n, n) and prefix_masks is None
+        assert torch.equal(tree[:2], trees) and torch.equal(tree[2], torch.ones(n, n, dtype=torch.bool).tril())
+        block = torch.ones(n, 2 + n, dtype=torch.bool)
+        block[0, 1] = False  # FULL_MASK layout with a hidden prefix column
+        tree, prefix_masks = read_verify_mask(block.reshape(-1), torch.tensor([2]), n, padded_to=3)
+        assert tree.shape == (3, n, n) and torch.equal(tree[0], block[:, 2:])
+        assert len(prefix_masks) == 3 and not bool(prefix_masks[0][0, 1]) and bool(prefix_masks[2].all())
