@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 import time
@@ -61,6 +62,27 @@ def _fail(message: str, code: int = 2) -> int:
 
 def _default_out(kind: str) -> Path:
     return Path(f"sglang-kimi-{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def check_output_dir(path: Path) -> None:
+    """Refuse an ``--output-dir`` that cannot be written before any server starts or request runs: it is created,
+    then what was created is removed again (a run that fails early leaves no empty folder)."""
+    if path.exists():
+        if not path.is_dir():
+            raise EvalError(f"--output-dir {path} is a file: give a folder")
+        if not os.access(path, os.W_OK):
+            raise EvalError(f"--output-dir {path} is not writable: give a writable folder")
+        return
+    missing, parent = [], path
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise EvalError(f"--output-dir {path}: cannot create it ({exc.strerror or exc}): give a writable folder")
+    for folder in missing:  # deepest first
+        folder.rmdir()
 
 
 # -- eval ------------------------------------------------------------------------------------------------
@@ -189,6 +211,7 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
     cfg = _gate_config(args)
     _check_eval_servers(args)
     out_dir = Path(args.output_dir) if args.output_dir else _default_out("eval")
+    check_output_dir(out_dir)
     with ExitStack() as stack:
         # --data-dir: the task YAML is rendered into a temporary folder; its text goes into the JSON report
         task = task_spec(args.data_dir, stack.enter_context(tempfile.TemporaryDirectory()) if args.data_dir else None)
@@ -265,7 +288,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     use_api_key(args.api_key)
     try:
-        return run_bench_command(args, Path(args.output_dir) if args.output_dir else _default_out("bench"))
+        out_dir = Path(args.output_dir) if args.output_dir else _default_out("bench")
+        check_output_dir(out_dir)
+        return run_bench_command(args, out_dir)
     except EvalError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:

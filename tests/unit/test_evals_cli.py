@@ -335,3 +335,22 @@ def test_a_server_started_with_an_api_key(capsys, monkeypatch, data_dir, tmp_pat
         use_api_key("k1")
         assert probe(keyed).model_path == "/m/tiny"
         assert probe(open_server).model_path == "/m/tiny"  # a server without a key ignores the header
+
+
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_unwritable_output_dir_refused_before_any_request(capsys, tmp_path, command):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cases = [(blocker, "is a file: give a folder"), (blocker / "sub", "cannot create it")]
+    for out_dir, message in cases:
+        # unreachable servers: a check made after contacting them would report that instead
+        argv = (
+            ["eval", "gsm8k", "--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:1"]
+            if command == "eval"
+            else ["bench", "--base-url", "http://127.0.0.1:1"]
+        )
+        code, err = _run(capsys, *argv, "--output-dir", str(out_dir))
+        assert code == 2 and message in _one_error_line(err), err
+    fresh = tmp_path / "a" / "b"
+    _run(capsys, *(["bench", "--base-url", "http://127.0.0.1:1"]), "--output-dir", str(fresh))
+    assert not (tmp_path / "a").exists()  # the check's folders are removed again
