@@ -178,7 +178,10 @@ def run_demo(args: argparse.Namespace) -> int:
     require_sglang()
     questions = load_questions(args.questions)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sglang-kimi-demo-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"--log-dir {log_dir}: cannot create it ({exc.strerror or exc}): give a writable folder")
     results = []
     for name in args.modes:
         result = run_mode(name, questions, args, log_dir)

@@ -120,6 +120,13 @@ def test_demo_refuses_more_questions_than_it_has(capsys, monkeypatch):
     assert "--questions 99: the demo has 5 questions" in _error_line(capsys)
 
 
+def test_demo_refuses_a_log_dir_it_cannot_create(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(server, "sglang_version", lambda: "0.5.23")
+    (tmp_path / "file").write_text("")
+    assert cli.main(["demo", "--log-dir", str(tmp_path / "file" / "logs")]) == 2
+    assert "--log-dir" in (line := _error_line(capsys)) and "cannot create it" in line
+
+
 def test_serve_unsupported_sglang_version(capsys, monkeypatch):
     monkeypatch.setattr(server, "sglang_version", lambda: "0.4.9")
     assert cli.main(["serve"]) == 2
