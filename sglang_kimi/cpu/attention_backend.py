@@ -171,12 +171,13 @@ class KimiCpuAttnBackend(AttentionBackend):
             num_tokens = int(getattr(spec_info, "draft_token_num", 0) or spec_info.num_tokens_per_req)
         prefix_lens = forward_batch.seq_lens[:bs].to(torch.long)
         custom_mask = getattr(spec_info, "custom_mask", None) if spec_info is not None else None
-        # attention data parallelism pads the batch after the verify input was built: its drafts count the real rows
-        draft = getattr(spec_info, "draft_token", None)
-        real = min(bs, draft.numel() // num_tokens) if draft is not None else bs
         tree_mask, prefix_mask = None, None
         if custom_mask is not None:
-            tree_mask, prefix_mask = read_verify_mask(custom_mask, prefix_lens[:real], num_tokens, padded_to=bs)
+            # attention data parallelism pads the batch after the verify input was built: its drafts count the real
+            # rows
+            draft = getattr(spec_info, "draft_token", None)
+            real = min(bs, draft.numel() // num_tokens) if draft is not None else bs
+            tree_mask, prefix_mask = read_verify_mask(custom_mask, prefix_lens, num_tokens, real=real)
         return VerifyLayout(prefix_lens, num_tokens, tree_mask, prefix_mask)
 
     # -- forward ----------------------------------------------------------------------------------------------
@@ -380,9 +381,9 @@ def attend(
     return torch.einsum("hnl,lhd->nhd", probs, values.float())
 
 
-def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: int, padded_to: int | None = None):
-    """SGLang's verify mask as (tree [bs, N, N] bool, prefix masks or None), ``bs`` = ``padded_to`` or the requests
-    of ``prefix_lens``.
+def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: int, real: int | None = None):
+    """SGLang's verify mask as (tree [bs, N, N] bool, prefix masks or None), ``bs`` = the rows of ``prefix_lens``,
+    of which the first ``real`` (default all) have cells in the mask.
 
     QLEN_ONLY (``eagle_utils.build_tree_kernel_efficient`` on CPU): exactly ``bs * N * N`` cells, request-major,
     row = query node, column = key node; the prefix is visible to every node.
@@ -391,24 +392,25 @@ def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: in
     the buffer may be longer than the blocks (SGLang over-allocates it). Prefix columns are returned only when
     some are masked.
 
-    Rows past ``prefix_lens`` up to ``padded_to`` are the ones attention data parallelism pads a batch with (length
-    1, KV written to the reserved slot 0, outputs dropped): no cells in the mask, a causal tree, nothing masked.
+    Rows past ``real`` are the ones attention data parallelism pads a batch with (KV written to the reserved slot
+    0, outputs dropped): no cells in the mask, a causal tree, nothing masked.
     """
-    bs = prefix_lens.numel()
-    pad = (padded_to or bs) - bs
+    lens = prefix_lens.tolist()
+    real = len(lens) if real is None else real
     flat = custom_mask.reshape(-1).to(torch.bool)
     causal = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril()  # [N, N]
-    if flat.numel() == bs * n * n:
-        return torch.cat([flat.view(bs, n, n), causal.expand(pad, n, n)]), None
+    if flat.numel() == real * n * n:
+        return torch.cat([flat.view(real, n, n), causal.expand(len(lens) - real, n, n)]), None
     trees, prefixes, offset, any_prefix_masked = [], [], 0, False
-    for p in prefix_lens.tolist():
+    for p in lens[:real]:
         block = flat[offset : offset + n * (p + n)].view(n, p + n)
         trees.append(block[:, p:])
         prefixes.append(block[:, :p])
         any_prefix_masked = any_prefix_masked or not bool(block[:, :p].all())
         offset += n * (p + n)
-    trees += [causal] * pad
-    prefixes += [torch.ones(n, 1, dtype=torch.bool, device=flat.device)] * pad
+    for p in lens[real:]:
+        trees.append(causal)
+        prefixes.append(torch.ones(n, p, dtype=torch.bool, device=flat.device))
     return torch.stack(trees), (prefixes if any_prefix_masked else None)
 
 

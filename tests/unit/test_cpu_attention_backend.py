@@ -313,11 +313,11 @@ else:
 
         n = 3
         trees = torch.rand(2, n, n) > 0.5  # two real requests, QLEN_ONLY layout
-        tree, prefix_masks = read_verify_mask(trees.reshape(-1), torch.tensor([5, 4]), n, padded_to=4)
+        tree, prefix_masks = read_verify_mask(trees.reshape(-1), torch.tensor([5, 4, 1, 1]), n, real=2)
         assert tree.shape == (4, n, n) and prefix_masks is None
         assert torch.equal(tree[:2], trees) and torch.equal(tree[2], torch.ones(n, n, dtype=torch.bool).tril())
         block = torch.ones(n, 2 + n, dtype=torch.bool)
         block[0, 1] = False  # FULL_MASK layout with a hidden prefix column
-        tree, prefix_masks = read_verify_mask(block.reshape(-1), torch.tensor([2]), n, padded_to=3)
+        tree, prefix_masks = read_verify_mask(block.reshape(-1), torch.tensor([2, 1, 1]), n, real=1)
         assert tree.shape == (3, n, n) and torch.equal(tree[0], block[:, 2:])
         assert len(prefix_masks) == 3 and not bool(prefix_masks[0][0, 1]) and bool(prefix_masks[2].all())
