@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
 
+from sglang_kimi import acceptance_rates
 from sglang_kimi.models import tiny
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
@@ -76,10 +77,9 @@ def display(path: Path) -> str:
 
 def summarize(histogram: list[int]) -> dict:
     steps = sum(histogram)
-    tokens = sum((k + 1) * n for k, n in enumerate(histogram))
     at_least = [sum(histogram[k:]) / max(steps, 1) for k in range(1, len(histogram))]
     return {
-        "tau": tokens / max(steps, 1),
+        "tau": acceptance_rates.tau(histogram),
         "decode_steps": steps,
         "accept_histogram": histogram,
         "acceptance_by_position": at_least,  # [k-1]: share of steps that accepted >= k drafts

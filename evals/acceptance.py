@@ -17,6 +17,7 @@ From the histogram difference it also derives the level's own tau, output tokens
 
 from __future__ import annotations
 
+from sglang_kimi import acceptance_rates
 from sglang_kimi.dp_reports import merged_report
 
 COUNTERS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
@@ -56,14 +57,12 @@ def level_acceptance(before: dict, after: dict) -> dict | None:
     if any(x < 0 for values in delta.values() for x in values):
         delta = after["spec_metrics"]  # counters were reset in between: report the totals
     drafted, accepted = delta.get("drafted_per_position", []), delta.get("accepted_per_position", [])
-    rate = [(a / d if d > 0 else None) for a, d in zip(accepted, drafted)]
     hist = delta.get("accept_length_histogram", [])
-    steps = sum(hist)
     return {
         "drafted_per_position": drafted,
         "accepted_per_position": accepted,
-        "acceptance_per_position": rate,  # [position - 1] accepted / drafted
+        "acceptance_per_position": acceptance_rates.rates(accepted, drafted),  # [position - 1] accepted / drafted
         "accept_length_histogram": hist,  # [accepted drafts] steps
-        "steps": steps,
-        "tau_level": (1 + sum(a * h for a, h in enumerate(hist)) / steps) if steps > 0 else None,
+        "steps": sum(hist),
+        "tau_level": acceptance_rates.tau(hist),
     }

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 
+from sglang_kimi import acceptance_rates
+
 SPEC_LISTS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
 SPEC_COUNTS = ("steps", "nonfinite_draft_positions", "nonfinite_draft_steps")
 
@@ -68,12 +70,10 @@ def merge_spec_metrics(parts: list[dict]) -> dict:
     if any(key in p for p in parts for key in SPEC_LISTS):
         for key in SPEC_LISTS:
             out[key] = _sum_lists([list(p.get(key) or []) for p in parts])
-        hist = out["accept_length_histogram"]
-        steps = sum(hist)
-        out["tau"] = (1 + sum(a * n for a, n in enumerate(hist)) / steps) if steps else None
-        out["acceptance_rate_per_position"] = [
-            (a / d) if d else None for a, d in zip(out["accepted_per_position"], out["drafted_per_position"])
-        ]
+        out["tau"] = acceptance_rates.tau(out["accept_length_histogram"])
+        out["acceptance_rate_per_position"] = acceptance_rates.rates(
+            out["accepted_per_position"], out["drafted_per_position"]
+        )
     return out
 
 

@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from sglang_kimi import acceptance_rates
 from sglang_kimi.adaptive.runtime import record_tagged_step
 from sglang_kimi.hooks import hook
 
@@ -65,17 +66,13 @@ class AcceptanceStats:
 
     def snapshot(self) -> dict:
         with self._lock:
-            steps = sum(self.histogram)
-            accepted_total = sum(a * n for a, n in enumerate(self.histogram))
             return {
                 "max_depth": self.max_depth,
-                "steps": steps,
-                "tau": (1 + accepted_total / steps) if steps else None,
+                "steps": sum(self.histogram),
+                "tau": acceptance_rates.tau(self.histogram),
                 "drafted_per_position": self.drafted[1:],
                 "accepted_per_position": self.accepted[1:],
-                "acceptance_rate_per_position": [
-                    (a / d) if d else None for a, d in zip(self.accepted[1:], self.drafted[1:])
-                ],
+                "acceptance_rate_per_position": acceptance_rates.rates(self.accepted[1:], self.drafted[1:]),
                 "accept_length_histogram": list(self.histogram),
             }
 

@@ -48,3 +48,12 @@ def test_max_depth_per_configuration():
     assert max_draft_depth(tree, none) == 5
     ddtree = PluginArgs(dflash_tree_budget=32, dflash_tree_block=8)
     assert max_draft_depth(spec(speculative_algorithm="DFLASH", speculative_num_draft_tokens=33), ddtree) == 7
+
+
+def test_no_steps_and_undrafted_positions_have_no_rate():
+    stats = AcceptanceStats(max_depth=4, prometheus=False)
+    assert stats.snapshot()["tau"] is None
+    stats.record(torch.tensor([1, 2]), depth=2)  # an adaptive step that drafted positions 1..2 only
+    snap = stats.snapshot()
+    assert snap["acceptance_rate_per_position"] == [1.0, 0.5, None, None]
+    assert snap["tau"] == 2.5
