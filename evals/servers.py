@@ -109,12 +109,22 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _get_json(url: str, path: str, timeout: float, *, method: str = "GET", body: dict | None = None) -> dict:
+def get_json(
+    url: str,
+    path: str,
+    timeout: float,
+    *,
+    method: str = "GET",
+    body: dict | None = None,
+    fix: str = "check the URL and port",
+) -> dict:
+    """One JSON object from an SGLang server; :class:`EvalError` naming the problem (and ``fix`` for an unreachable
+    server) when it is unreachable, slow, refuses the API key or is not SGLang."""
     try:
         response = requests.request(method, url + path, json=body, timeout=timeout, headers=auth_headers())
     except requests.ConnectionError as exc:
         reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
-        raise EvalError(f"cannot reach {url} ({reason}): is the server running? check the URL and port") from None
+        raise EvalError(f"cannot reach {url} ({reason}): is the server running? {fix}") from None
     except requests.Timeout:
         raise EvalError(f"{url} did not answer {path} within {timeout:.0f} s: is the server overloaded?") from None
     except requests.RequestException as exc:
@@ -143,16 +153,16 @@ def _get_json(url: str, path: str, timeout: float, *, method: str = "GET", body:
 def probe(url: str, timeout: float = 30.0) -> Server:
     """Ask the server at ``url`` who it is; :class:`EvalError` when it is unreachable or not SGLang."""
     url = normalize_url(url)
-    model_info = _get_json(url, "/model_info", timeout)
+    model_info = get_json(url, "/model_info", timeout)
     if "model_path" not in model_info or "is_generation" not in model_info:
         raise EvalError(f"{url} is not an SGLang server: /model_info has no model_path / is_generation")
     if not model_info["is_generation"]:
         raise EvalError(f"{url} serves an embedding model ({model_info['model_path']}): GSM8K needs a generative model")
-    server_info = _get_json(url, "/server_info", timeout)
+    server_info = get_json(url, "/server_info", timeout)
     if "internal_states" not in server_info:
         raise EvalError(f"{url} is not an SGLang server: /server_info has no internal_states")
-    models = _get_json(url, "/v1/models", timeout).get("data") or [{}]
-    tokens = _get_json(url, "/tokenize", timeout, method="POST", body={"prompt": PROBE_TEXT}).get("tokens", [])
+    models = get_json(url, "/v1/models", timeout).get("data") or [{}]
+    tokens = get_json(url, "/tokenize", timeout, method="POST", body={"prompt": PROBE_TEXT}).get("tokens", [])
     return Server(url, model_info, server_info, models[0].get("max_model_len"), list(tokens))
 
 

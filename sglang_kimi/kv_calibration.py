@@ -24,7 +24,7 @@ import requests
 from tqdm import tqdm
 
 from sglang_kimi.api_key import HELP as API_KEY_HELP
-from sglang_kimi.api_key import auth_headers, refused_key_hint, use_api_key
+from sglang_kimi.api_key import auth_headers, use_api_key
 from sglang_kimi.models.kv_scales import DRAFT, ENV, FORMAT, TARGET, LayerScale, ScaleRule, scales_document
 
 
@@ -54,17 +54,15 @@ def calibration_prompts(data_dir: str | Path | None, limit: int) -> list[str]:
 
 
 def server_kv_state(base_url: str) -> dict:
-    """The plugin's KV scale state from the server's ``/server_info``."""
-    from sglang_kimi.server import fetch_plugin_state
+    """The plugin's KV scale state from the server's ``/server_info``, over all its data-parallel ranks."""
+    from sglang_kimi.dp_reports import merged_report
+    from sglang_kimi.evals.errors import EvalError
+    from sglang_kimi.evals.servers import get_json
 
     try:
-        state = fetch_plugin_state(base_url)
-    except requests.HTTPError as exc:
-        hint = refused_key_hint(exc.response.status_code)
-        raise CalibrationError(f"{base_url}: {hint or exc}") from None
-    except requests.RequestException as exc:
-        reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
-        raise CalibrationError(f"no SGLang server answers at {base_url} ({reason}): start one or fix --base-url")
+        state = merged_report(get_json(base_url, "/server_info", 30, fix="start one or fix --base-url"))
+    except EvalError as exc:
+        raise CalibrationError(str(exc)) from None
     kv = state.get("kv_scales")
     if kv is None:
         raise CalibrationError(
@@ -113,9 +111,11 @@ def calibrate(
     max_new_tokens: int = 64,
     concurrency: int = 4,
     rule: ScaleRule = ScaleRule(),
+    before: dict | None = None,
 ) -> tuple[dict, list[list[int]]]:
-    """Run ``prompts`` (greedy) and return (the scale document, every request's prompt + output token ids)."""
-    before = require_observing(base_url)
+    """Run ``prompts`` (greedy) and return (the scale document, every request's prompt + output token ids).
+    ``before``: the server's KV state from :func:`require_observing` when the caller already read it."""
+    before = require_observing(base_url) if before is None else before
 
     def run(prompt: str) -> list[int]:
         body = {
@@ -174,7 +174,7 @@ def run_calibrate_kv(args) -> int:
     check_output_path(out)
     # local problems first, then the server, then the hub download (slow, and pointless without a usable server)
     prompts = calibration_prompts(args.data_dir, args.num_prompts) if args.data_dir else None
-    require_observing(args.base_url.rstrip("/"))
+    before = require_observing(args.base_url.rstrip("/"))
     if prompts is None:
         prompts = calibration_prompts(None, args.num_prompts)
     doc, sequences = calibrate(
@@ -183,6 +183,7 @@ def run_calibrate_kv(args) -> int:
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,
         rule=rule,
+        before=before,
     )
     out.write_text(json.dumps(doc, indent=2) + "\n")
     tokens = sum(len(s) for s in sequences)

@@ -401,7 +401,7 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     code, line = _calibrate(
         capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", out, "--data-dir", str(data)
     )
-    assert code == 2 and "no SGLang server answers" in line and "--base-url" in line
+    assert code == 2 and "cannot reach" in line and "connection refused" in line and "--base-url" in line
     code, line = _calibrate(capsys, "--base-url", "http://x", "--out", out, "--data-dir", str(tmp_path))
     assert code == 2 and "has no train.jsonl" in line and "--data-dir" in line
     payloads = sglang_payloads()
@@ -441,7 +441,7 @@ def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatc
     assert code == 2 and "cannot create its folder" in line and "writable path" in line
     out = tmp_path / "new" / "s.json"
     code, line = _calibrate(capsys, "--base-url", f"http://127.0.0.1:{free_port()}", "--out", str(out))
-    assert code == 2 and "no SGLang server answers" in line
+    assert code == 2 and "cannot reach" in line and "--base-url" in line
     assert not out.exists()
 
     payloads = sglang_payloads()
