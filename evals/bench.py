@@ -25,7 +25,7 @@ from sglang_kimi.api_key import auth_headers
 from sglang_kimi.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
-from sglang_kimi.evals.servers import Server, check_same_model, launch_pair, probe, split_args
+from sglang_kimi.evals.servers import LAUNCH_TIMEOUT, Server, check_same_model, launch_pair, probe, split_args
 
 # The published Kimi-K2.6 speculative-decoding runs.
 PRESETS = {
@@ -326,8 +326,10 @@ def _check_bench_servers(args: argparse.Namespace) -> None:
         raise EvalError("--launch starts the server: drop --base-url, or drop --launch")
     if not args.launch and not args.base_url:
         raise EvalError("give --base-url URL (a running SGLang server) or --launch to start one here")
-    if not args.launch and (args.model_path or args.server_args or args.baseline_args is not None):
-        raise EvalError("--model-path / --server-args / --baseline-args only apply with --launch")
+    if not args.launch and (
+        args.model_path or args.server_args or args.baseline_args is not None or args.launch_timeout is not None
+    ):
+        raise EvalError("--model-path / --server-args / --baseline-args / --launch-timeout only apply with --launch")
     if args.baseline_url and args.baseline_args is not None:
         raise EvalError("give the baseline once: --baseline-url (running) or --baseline-args (launched)")
 
@@ -353,7 +355,7 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
         parse_concurrency(args.concurrency)
     check_load(args.input_len, args.output_len, args.num_prompts, args.warmup_requests)
     _check_dataset_flags(args)
-    if args.launch and not 0 < args.launch_timeout < math.inf:
+    if args.launch_timeout is not None and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
     with ExitStack() as stack:
         if args.launch:
@@ -362,7 +364,7 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
             if args.baseline_args is not None:
                 specs["baseline"] = model + split_args(args.baseline_args)
             print(f"starting {' and '.join(specs)} (logs in {out_dir}) ...", flush=True)
-            urls = launch_pair(specs, stack, out_dir, timeout=args.launch_timeout)
+            urls = launch_pair(specs, stack, out_dir, timeout=args.launch_timeout or LAUNCH_TIMEOUT)
         else:
             urls = {"server": args.base_url}
         if args.baseline_url:

@@ -116,7 +116,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
         "--candidate-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the candidate"
     )
     servers.add_argument(
-        "--launch-timeout", type=float, default=900, help="seconds to wait for launched servers (default 900)"
+        "--launch-timeout",
+        type=float,
+        default=None,
+        help="with --launch: seconds to wait for the servers (default 900)",
     )
     servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
 
@@ -163,7 +166,7 @@ def _gate_config(args: argparse.Namespace):
     if not 0 <= args.max_drop < math.inf or not 0 < args.alpha < 1:
         raise EvalError("--max-drop must be >= 0 and --alpha in (0, 1)")
     for flag, seconds in (("--request-timeout", args.request_timeout), ("--launch-timeout", args.launch_timeout)):
-        if not 0 < seconds < math.inf:
+        if seconds is not None and not 0 < seconds < math.inf:
             raise EvalError(f"{flag} {seconds}: give a number of seconds above 0")
     return GateConfig(
         num_fewshot=args.num_fewshot,
@@ -185,8 +188,10 @@ def _check_eval_servers(args: argparse.Namespace) -> None:
         raise EvalError(f"--launch starts both servers: drop {' and '.join(given)}, or drop --launch")
     if not args.launch and len(given) != 2:
         raise EvalError("give both --baseline URL and --candidate URL, or --launch to start them here")
-    if not args.launch and (args.model_path or args.baseline_args or args.candidate_args):
-        raise EvalError("--model-path / --baseline-args / --candidate-args only apply with --launch")
+    if not args.launch and (
+        args.model_path or args.baseline_args or args.candidate_args or args.launch_timeout is not None
+    ):
+        raise EvalError("--model-path / --baseline-args / --candidate-args / --launch-timeout only apply with --launch")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -206,7 +211,7 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
     from sglang_kimi.evals import report
     from sglang_kimi.evals.gsm8k import run_gate
     from sglang_kimi.evals.gsm8k_task import task_spec
-    from sglang_kimi.evals.servers import check_same_model, launch_pair, probe, split_args
+    from sglang_kimi.evals.servers import LAUNCH_TIMEOUT, check_same_model, launch_pair, probe, split_args
 
     cfg = _gate_config(args)
     _check_eval_servers(args)
@@ -222,7 +227,7 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
                 "candidate": model + split_args(args.candidate_args),
             }
             print(f"starting baseline and candidate servers (logs in {out_dir}) ...", flush=True)
-            urls = launch_pair(specs, stack, out_dir, timeout=args.launch_timeout)
+            urls = launch_pair(specs, stack, out_dir, timeout=args.launch_timeout or LAUNCH_TIMEOUT)
         else:
             urls = {"baseline": args.baseline, "candidate": args.candidate}
         baseline, candidate = probe(urls["baseline"]), probe(urls["candidate"])
@@ -261,7 +266,12 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     servers.add_argument(
         "--baseline-args", default=None, metavar="ARGS", help="with --launch: also start a baseline with these flags"
     )
-    servers.add_argument("--launch-timeout", type=float, default=900, help="seconds to wait for launched servers")
+    servers.add_argument(
+        "--launch-timeout",
+        type=float,
+        default=None,
+        help="with --launch: seconds to wait for the servers (default 900)",
+    )
     servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
 
     load = p.add_argument_group("load")

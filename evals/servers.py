@@ -99,6 +99,10 @@ class Server:
         }
 
 
+# seconds a launched server may take to answer /health (a 1T-parameter checkpoint loads for many minutes)
+LAUNCH_TIMEOUT = 900.0
+
+
 def normalize_url(url: str) -> str:
     """``host:port`` or ``http://host:port/`` or ``.../v1`` -> ``http://host:port``."""
     url = url.strip().rstrip("/")
@@ -204,7 +208,9 @@ def check_same_model(baseline: Server, candidate: Server) -> None:
         )
 
 
-def launch_pair(specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, timeout: float = 600.0) -> dict[str, str]:
+def launch_pair(
+    specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, timeout: float = LAUNCH_TIMEOUT
+) -> dict[str, str]:
     """Start one server per ``{name: sglang args}`` concurrently; ``{name: base_url}``.
 
     The servers are stopped when ``stack`` closes. Start-up failures become :class:`EvalError` with the

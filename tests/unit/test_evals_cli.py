@@ -209,6 +209,9 @@ def test_eval_needs_two_servers_or_launch(capsys):
     assert code == 2 and "--launch starts both servers" in _one_error_line(err)
     code, err = _run(capsys, "eval")
     assert code == 2 and "eval gsm8k" in _one_error_line(err)
+    servers = ["--baseline", "http://127.0.0.1:1", "--candidate", "http://127.0.0.1:2"]
+    code, err = _run(capsys, "eval", "gsm8k", *servers, "--launch-timeout", "60")
+    assert code == 2 and "--launch-timeout only apply with --launch" in _one_error_line(err)
 
 
 def test_eval_launch_starts_both_servers_with_their_own_flags(capsys, data_dir, monkeypatch):
@@ -274,6 +277,7 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
         (["--launch", "--baseline-url", "http://127.0.0.1:1", "--baseline-args", ""], "give the baseline once"),
         (["--base-url", "http://127.0.0.1:1", "--server-args", "--tp 2"], "only apply with --launch"),
+        (["--base-url", "http://127.0.0.1:1", "--launch-timeout", "60"], "--launch-timeout only apply with --launch"),
         # load flags are refused before a launched server starts (launch_pair would fail this test: no SGLang here)
         (["--launch", "--output-len", "1"], "--output-len 1: TPOT needs at least 2 output tokens"),
         (["--launch", "--num-prompts", "0"], "--num-prompts 0: give 1 or more"),
