@@ -23,7 +23,6 @@ same; see :func:`yarn_attention_factor`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..configs import DFlashConfig, DrafterConfigError
+from ..configs import DFlashConfig
+from . import checkpoint
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
 
@@ -265,30 +265,15 @@ class DFlashDrafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
         """Load ``config.json`` + ``model.safetensors`` (the z-lab layout; ``model.`` prefixes accepted)."""
-        from safetensors.torch import load_file
-
         path = Path(path)
         model = cls(DFlashConfig.from_pretrained(path))
-        sd = {k.removeprefix("model."): v for k, v in load_file(path / "model.safetensors").items()}
-        missing, unexpected = set(model.state_dict()) - set(sd), set(sd) - set(model.state_dict())
-        if missing or unexpected:
-            raise DrafterConfigError(
-                f"{path}: checkpoint does not match its config: missing {sorted(missing)}, unexpected "
-                f"{sorted(unexpected)}"
-            )
+        sd = checkpoint.load_tensors(path)
+        checkpoint.check_names(path, set(model.state_dict()) - set(sd), set(sd) - set(model.state_dict()))
         model.load_state_dict(sd)
         return model.to(dtype).eval()
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        cfg = self.config.to_dict()
-        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+        checkpoint.save(self, self.config.to_dict(), path, dtype)
 
 
 def published_weight_names(config: DFlashConfig) -> list[str]:

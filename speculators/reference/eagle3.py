@@ -27,7 +27,6 @@ points, i.e. the outputs of layers c-1; absent, the capture points are [2, L//2,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..configs import GQA, DrafterConfigError, Eagle3Config, yarn_get_mscale
+from ..configs import GQA, Eagle3Config, yarn_get_mscale
+from . import checkpoint
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
 
@@ -324,42 +324,22 @@ class Eagle3Drafter(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
         """Load ``config.json`` + ``model.safetensors``; ``layers.0.`` is read as ``midlayer.`` (both spellings
         are published), a ``model.`` prefix is dropped; d2t / t2d may be absent when the draft vocab is full."""
-        from safetensors.torch import load_file
-
         path = Path(path)
         model = cls(Eagle3Config.from_pretrained(path))
         sd = {}
-        for name, t in load_file(path / "model.safetensors").items():
-            name = name.removeprefix("model.")
+        for name, t in checkpoint.load_tensors(path).items():
             if name.startswith("layers.0."):
                 name = "midlayer." + name[len("layers.0.") :]
             sd[name] = t
         own = model.state_dict()
         optional = {"d2t", "t2d"} if model.config.draft_vocab_size == model.config.vocab_size else set()
-        missing = set(own) - set(sd) - optional
-        unexpected = set(sd) - set(own) - {"embed_tokens.weight"}
-        if missing or unexpected:
-            raise DrafterConfigError(
-                f"{path}: checkpoint does not match its config: missing {sorted(missing)}, unexpected "
-                f"{sorted(unexpected)}"
-            )
+        checkpoint.check_names(path, set(own) - set(sd) - optional, set(sd) - set(own) - {"embed_tokens.weight"})
         sd.pop("embed_tokens.weight", None)
         model.load_state_dict(sd, strict=False)
         return model.to(dtype).eval()
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        cfg = self.config.to_dict()
-        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        sd = {
-            k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
-            for k, v in self.state_dict().items()
-        }
-        save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+        checkpoint.save(self, self.config.to_dict(), path, dtype)
 
 
 def published_weight_names(config: Eagle3Config) -> list[str]:
