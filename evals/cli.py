@@ -115,13 +115,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     servers.add_argument(
         "--candidate-args", default="", metavar="ARGS", help="with --launch: extra SGLang flags of the candidate"
     )
-    servers.add_argument(
-        "--launch-timeout",
-        type=float,
-        default=None,
-        help="with --launch: seconds to wait for the servers (default 900)",
-    )
-    servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
+    _add_wait_and_key(servers)
 
     run = p.add_argument_group("lm-eval")
     run.add_argument(
@@ -149,6 +143,17 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--output-dir", help="where gsm8k_gate.json / .md go (default ./sglang-kimi-eval-<time>)")
     return evaluate
+
+
+def _add_wait_and_key(servers) -> None:
+    """The two server options ``eval`` and ``bench`` share: how long launched servers may take, and the API key."""
+    servers.add_argument(
+        "--launch-timeout",
+        type=float,
+        default=None,
+        help="with --launch: seconds to wait for the servers (default 900)",
+    )
+    servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
 
 
 def _gate_config(args: argparse.Namespace):
@@ -266,13 +271,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     servers.add_argument(
         "--baseline-args", default=None, metavar="ARGS", help="with --launch: also start a baseline with these flags"
     )
-    servers.add_argument(
-        "--launch-timeout",
-        type=float,
-        default=None,
-        help="with --launch: seconds to wait for the servers (default 900)",
-    )
-    servers.add_argument("--api-key", default=None, help=API_KEY_HELP)
+    _add_wait_and_key(servers)
 
     load = p.add_argument_group("load")
     load.add_argument("--preset", choices=sorted(PRESETS), help="the published settings (see below)")
