@@ -32,6 +32,13 @@ def _concurrency_axis(ax, levels: list[dict]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_throughput(data: dict, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -42,10 +49,7 @@ def plot_throughput(data: dict, path: Path) -> Path:
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title("Output throughput vs concurrency")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_tpot(data: dict, path: Path) -> Path:
@@ -61,10 +65,7 @@ def plot_tpot(data: dict, path: Path) -> Path:
     ax.set_ylabel("TPOT (ms / output token)")
     ax.set_title("Time per output token vs concurrency")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_acceptance(data: dict, path: Path) -> Path:
@@ -90,10 +91,7 @@ def plot_acceptance(data: dict, path: Path) -> Path:
         ax.set_ylim(0, 1)
         ax.legend()
     ax.set_title("Acceptance by draft position")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_all(data: dict, out_dir: Path) -> list[Path]:
