@@ -175,6 +175,9 @@ def exit_code(results: list[ModeResult]) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    twice = sorted({m for m in args.modes if args.modes.count(m) > 1})
+    if twice:  # each mode writes <mode>.log and is one row of the summary
+        raise LaunchError(f"--modes names {', '.join(twice)} more than once: give each mode once")
     require_sglang()
     questions = load_questions(args.questions)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sglang-kimi-demo-"))

@@ -174,11 +174,14 @@ def run_calibrate_kv(args) -> int:
     check_output_path(out)
     # local problems first, then the server, then the hub download (slow, and pointless without a usable server)
     prompts = calibration_prompts(args.data_dir, args.num_prompts) if args.data_dir else None
-    before = require_observing(args.base_url.rstrip("/"))
+    from sglang_kimi.evals.servers import normalize_url
+
+    base_url = normalize_url(args.base_url)  # as eval and bench read a URL: http:// added, a trailing /v1 dropped
+    before = require_observing(base_url)
     if prompts is None:
         prompts = calibration_prompts(None, args.num_prompts)
     doc, sequences = calibrate(
-        args.base_url.rstrip("/"),
+        base_url,
         prompts,
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,

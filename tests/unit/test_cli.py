@@ -127,6 +127,13 @@ def test_demo_refuses_a_log_dir_it_cannot_create(capsys, monkeypatch, tmp_path):
     assert "--log-dir" in (line := _error_line(capsys)) and "cannot create it" in line
 
 
+def test_demo_refuses_a_mode_given_twice(capsys, monkeypatch):
+    monkeypatch.setattr(server, "sglang_version", lambda: "0.5.23")
+    monkeypatch.setattr("sglang_kimi.demo.run_mode", lambda *a: pytest.fail("a server was started"))
+    assert cli.main(["demo", "--modes", "autoregressive", "dflash-tree", "dflash-tree"]) == 2
+    assert "--modes names dflash-tree more than once" in _error_line(capsys)
+
+
 def test_serve_unsupported_sglang_version(capsys, monkeypatch):
     monkeypatch.setattr(server, "sglang_version", lambda: "0.4.9")
     assert cli.main(["serve"]) == 2

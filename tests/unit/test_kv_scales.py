@@ -408,6 +408,10 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     with serve(payloads) as url:
         code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
         assert code == 2 and "does not run the sglang-kimi plugin" in line
+        # host:port and an OpenAI base URL (.../v1/) reach the same server, as in eval and bench
+        for spelling in (url.removeprefix("http://"), url + "/v1/"):
+            code, line = _calibrate(capsys, "--base-url", spelling, "--out", out, "--data-dir", str(data))
+            assert code == 2 and "does not run the sglang-kimi plugin" in line, spelling
     with serve(payloads, api_key="k1") as url:
         code, line = _calibrate(capsys, "--base-url", url, "--out", out, "--data-dir", str(data))
         assert code == 2 and "the server wants an API key (HTTP 401" in line and "--api-key KEY" in line
