@@ -19,8 +19,9 @@ given: --model-path (the embedded tiny Kimi-K2.6 model), --host 127.0.0.1, --por
 --language-model-only for a local multimodal checkpoint that ships no image processor (such as the embedded
 model: SGLang cannot start it otherwise). On a machine without a GPU also: SGLANG_USE_CPU_ENGINE=1,
 --device cpu, --attention-backend kimi_cpu (the plugin's CPU backend, which serves autoregressive and every
-speculative mode), --sampling-backend pytorch, --disable-cuda-graph, --dtype float32, and the CPU import
-shims for sgl_kernel / torchvision.
+speculative mode), --sampling-backend pytorch, --cuda-graph-backend-decode disabled,
+--cuda-graph-backend-prefill disabled, --dtype float32, and the CPU import shims for sgl_kernel /
+torchvision.
 
 examples:
   sglang-kimi serve

@@ -44,7 +44,9 @@ CPU_DEFAULTS: dict[str, str | None] = {
     # the plugin's CPU backend serves every mode (autoregressive, chains, trees, drafts); torch_native cannot verify
     "--attention-backend": KIMI_CPU_BACKEND,
     "--sampling-backend": "pytorch",
-    "--disable-cuda-graph": None,
+    # no CUDA graph in either phase (SGLang's per-phase spelling of the deprecated --disable-cuda-graph)
+    "--cuda-graph-backend-decode": "disabled",
+    "--cuda-graph-backend-prefill": "disabled",
     "--dtype": "float32",  # float32 on CPU: exact parity with transformers; bf16 CPU matmuls differ by ~2e-3
     "--mem-fraction-static": "0.3",  # a budget only: --max-total-tokens caps the KV pool (~0.5 GB for the tiny model)
     "--max-total-tokens": "65536",

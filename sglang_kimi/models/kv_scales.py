@@ -27,8 +27,9 @@ Modes (``SGLANG_KIMI_KV_SCALES``, read in every SGLang process):
 - a path: the JSON written by ``sglang-kimi calibrate-kv``; scales are applied at model load, before any CUDA graph
   is captured, to the target's and the drafter's attention layers, and never change. The production setting.
 - ``dynamic`` (the default with ``--kv-cache-dtype fp8_e4m3``): the rule above on the live traffic. CUDA graphs bake
-  the decode kernels' scale at capture, so dynamic scales need ``--disable-cuda-graph``; with graphs enabled the
-  plugin keeps SGLang's 1.0 and says how to calibrate instead.
+  the kernels' scale at capture, so dynamic scales need CUDA graphs off in every phase (``--cuda-graph-backend-decode
+  disabled --cuda-graph-backend-prefill disabled``, or the older ``--disable-cuda-graph``); with a graph in any
+  phase the plugin keeps SGLang's 1.0 and says how to calibrate instead.
 - ``observe``: record the running max without touching anything (any KV dtype): what ``calibrate-kv`` reads back
   from ``/server_info``.
 - ``off``: SGLang's behaviour.
@@ -291,13 +292,31 @@ def _mla_backend_ok(role: str) -> bool:
     return False
 
 
-def _cuda_graphs_enabled() -> bool:
-    try:
-        from sglang.srt.server_args import get_global_server_args
+CUDA_GRAPHS_OFF = "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled"
 
-        return torch.cuda.is_available() and not get_global_server_args().disable_cuda_graph
-    except Exception:
+
+def cuda_graph_phases_on(config, disable_cuda_graph: bool) -> list[str]:
+    """The phases SGLang captures CUDA graphs for, from its resolved ``cuda_graph_config`` (a backend per phase,
+    set by ``--cuda-graph-backend-*``, ``--disable-*-cuda-graph``, ``--cuda-graph-config`` and the older
+    ``--disable-cuda-graph``); from ``disable_cuda_graph`` alone where no config was published."""
+    phases = {p: getattr(getattr(config, p, None), "backend", None) for p in ("decode", "prefill")}
+    if all(isinstance(b, str) for b in phases.values()):
+        return [p for p, backend in phases.items() if backend != "disabled"]
+    return [] if disable_cuda_graph else ["decode", "prefill"]
+
+
+def _cuda_graphs_enabled() -> bool:
+    if not torch.cuda.is_available():
         return False
+    from sglang.srt.server_args import get_global_server_args
+
+    try:  # the config the model runner captures graphs by, published before any model loads
+        from sglang.srt.runtime_context import get_exec
+
+        config = get_exec().graph.cuda_graph_config
+    except (ImportError, AttributeError, ValueError):
+        config = None
+    return bool(cuda_graph_phases_on(config, bool(get_global_server_args().disable_cuda_graph)))
 
 
 def _after_load_kv_cache_scales(original, *args, model, kv_cache_dtype: str, **kwargs):
@@ -328,10 +347,11 @@ def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
     if chosen == "dynamic":
         if _cuda_graphs_enabled():
             logger.warning(
-                "sglang-kimi: FP8 KV cache with dynamic scales needs --disable-cuda-graph (CUDA graphs bake the "
+                "sglang-kimi: FP8 KV cache with dynamic scales needs CUDA graphs off (%s; CUDA graphs bake the "
                 "scale at capture); keeping scale 1.0 for the %s. Calibrate once instead: start a server with "
                 "%s=observe, run `sglang-kimi calibrate-kv --base-url URL --out kv_scales.json`, then serve with "
                 "%s=kv_scales.json",
+                CUDA_GRAPHS_OFF,
                 role,
                 ENV,
                 ENV,

@@ -164,6 +164,41 @@ def test_cpu_launch_command_applies_defaults_and_keeps_user_flags(tmp_path):
     assert (str(server.SHIMS_DIR) in spec.env.get("PYTHONPATH", "")) == bool(spec.shims)
 
 
+SGLANG_PARSE = """
+import argparse, json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()  # as sglang.launch_server does: the plugin registers its kimi_cpu backend
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+deprecated = {s for a in parser._actions if "Deprecated" in type(a).__name__ for s in a.option_strings}
+args = parser.parse_args(json.loads(sys.argv[1]))
+print("RESULT=" + json.dumps({"deprecated": sorted(deprecated), "cuda_graph_config": str(args.cuda_graph_config),
+                              "decode": args.cuda_graph_backend_decode, "prefill": args.cuda_graph_backend_prefill}))
+"""
+
+
+def test_cpu_defaults_are_flags_sglang_does_not_deprecate():
+    """Every flag the launcher adds on CPU parses in SGLang's own parser, none of them deprecated there (a deprecated
+    spelling warns on every start, and is the next to be removed), and CUDA graphs are off in both phases."""
+    spec = server.launch_command([], cpu=True, port=server.free_port())
+    args = spec.argv[spec.argv.index("sglang.launch_server") + 1 :]
+    out = subprocess.run(
+        [sys.executable, "-c", SGLANG_PARSE, json.dumps(args)],
+        env=spec.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT=")), None)
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    result = json.loads(line[len("RESULT=") :])
+    assert "--disable-cuda-graph" in result["deprecated"]  # what the check sees: the parser's deprecated spellings
+    used = [a for a in args if a.split("=")[0] in result["deprecated"]]
+    assert not used, f"the CPU launch passes SGLang flags it deprecates: {used}"
+    assert result["decode"] == result["prefill"] == "disabled"
+
+
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"])
 def test_cpu_launch_refuses_kv_cache_dtypes_sglang_cannot_serve_there(tmp_path, dtype):
     (tmp_path / "config.json").write_text("{}")

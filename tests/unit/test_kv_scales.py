@@ -356,7 +356,7 @@ def test_dynamic_and_file_scales_on_sglangs_pools(tmp_path):
     assert r["file_scales"] == [8.0, 8.0, 0.125, 8.0] and r["file_scale_after_write"] == 8.0
     assert "no scales for target layers [3, 4]" in r["missing_layers_error"]
     assert r["with_graphs"] == "dynamic refused (CUDA graphs)"
-    assert "--disable-cuda-graph" in out.stderr and "calibrate-kv" in out.stderr
+    assert "--cuda-graph-backend-decode disabled" in out.stderr and "calibrate-kv" in out.stderr
     assert r["bf16_dynamic"] == "off"
 
 
@@ -456,3 +456,22 @@ def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatc
         code, line = _calibrate(capsys, "--base-url", url, "--out", str(out), "--data-dir", str(tmp_path))
     assert code == 2 and "refused a calibration request (HTTP 404" in line
     assert not out.exists()
+
+
+def test_cuda_graph_phases_read_from_sglangs_resolved_config():
+    """Dynamic scales need no CUDA graph in any phase: every spelling SGLang resolves into ``cuda_graph_config``
+    (per-phase backends, the older --disable-cuda-graph) is read from there, not from the legacy boolean alone."""
+    from types import SimpleNamespace as NS
+
+    from sglang_kimi.models.kv_scales import cuda_graph_phases_on
+
+    def config(decode, prefill):
+        return NS(decode=NS(backend=decode), prefill=NS(backend=prefill))
+
+    assert cuda_graph_phases_on(config("disabled", "disabled"), False) == []  # --cuda-graph-backend-* disabled
+    assert cuda_graph_phases_on(config("disabled", "breakable"), True) == ["prefill"]  # the config, not the boolean
+    assert cuda_graph_phases_on(config("full", "disabled"), False) == ["decode"]
+    assert cuda_graph_phases_on(config("full", "breakable"), False) == ["decode", "prefill"]
+    # no published config (an SGLang without one): the legacy flag decides
+    assert cuda_graph_phases_on(None, True) == []
+    assert cuda_graph_phases_on(None, False) == ["decode", "prefill"]
