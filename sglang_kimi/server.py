@@ -54,7 +54,9 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--language-model-only": None,  # text only: image inputs need the real torchvision
     "--sleep-on-idle": None,  # an idle scheduler otherwise spins a core: servers side by side starve each other
 }
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+# set on CPU unless the user's environment has them (HF_HUB_OFFLINE is left out when a hub id is to be downloaded)
+CPU_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 class LaunchError(RuntimeError):
@@ -180,6 +182,8 @@ def sglang_env(cpu: bool) -> tuple[dict[str, str], list[str]]:
     shims: list[str] = []
     if cpu:
         env.update(CPU_ENV)
+        for name, value in CPU_ENV_DEFAULTS.items():
+            env.setdefault(name, value)
         shims = shims_needed()
         if shims:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIMS_DIR), env.get("PYTHONPATH")]))
@@ -239,9 +243,28 @@ def check_model_path(model_path: str) -> None:
         if path.is_dir() and not (path / "config.json").exists():
             raise LaunchError(f"model path {model_path} has no config.json: point --model-path at a checkpoint folder")
         return
-    if HUB_ID.match(model_path) and not os.environ.get("HF_HUB_OFFLINE"):
-        return  # a hub id, resolved by SGLang
+    if HUB_ID.match(model_path):  # a hub id, resolved by SGLang: downloaded, or read from the hub cache offline
+        if not hub_offline() or _in_hub_cache(model_path):
+            return
+        raise LaunchError(
+            f"model path {model_path} is no local folder, and HF_HUB_OFFLINE is set while the hub cache lacks it: "
+            f"download it first (`hf download {model_path}`), unset HF_HUB_OFFLINE, or pass a checkpoint folder"
+        )
     raise LaunchError(f"model path {model_path} does not exist: pass --model-path with an existing checkpoint folder")
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id the hub client refuses, an unreadable cache
+        return False
 
 
 def _addresses(host: str, port: int) -> list[tuple]:
@@ -397,13 +420,24 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if not given_port:
         args += ["--port", str(port)]
 
-    cpu = (not has_gpu()) if cpu is None else cpu
+    device = (_flag_value(args, "--device") or "").lower()
+    if cpu is None:
+        gpu = has_gpu()
+        if device == "cuda" and not gpu:
+            raise LaunchError(
+                "--device cuda, but torch sees no GPU here (torch.cuda.is_available() is False): check the driver and "
+                "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, or drop --device to serve on this CPU"
+            )
+        cpu = device == "cpu" or not gpu  # --device cpu on a GPU machine serves on the CPU, with the CPU settings
     if cpu:
         for flag, value in CPU_DEFAULTS.items():
             if not _has_flag(args, flag):
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args)
     env, shims = sglang_env(cpu)
+    hub = [v for f in PATH_FLAGS if (v := _flag_value(args, f)) and not Path(v).expanduser().exists()]
+    if cpu and hub and "HF_HUB_OFFLINE" not in os.environ:
+        del env["HF_HUB_OFFLINE"]  # a hub id given here is downloaded
     ranks, flags = parallel_ranks(args)
     if cpu and ranks > 1 and CPU_THREADS_BIND_ENV not in env:
         env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags)

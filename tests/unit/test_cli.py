@@ -50,6 +50,26 @@ def test_serve_missing_model_path(capsys, tmp_path):
     assert "does not exist" in line and str(tmp_path / "nope") in line and "--model-path" in line
 
 
+def test_serve_hub_id_offline(capsys, tmp_path, monkeypatch):
+    """A hub id is SGLang's to download; with HF_HUB_OFFLINE set it must already be in the hub cache."""
+    import huggingface_hub.constants
+
+    # huggingface_hub reads HF_HUB_CACHE when it is first imported, which may have been earlier in this process
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["serve", "--model-path", "org/kimi-test"]) == 2
+    line = _error_line(capsys)
+    assert "org/kimi-test" in line and "HF_HUB_OFFLINE" in line and "hf download org/kimi-test" in line
+    snapshot = tmp_path / "hf" / "hub" / "models--org--kimi-test" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hf" / "hub" / "models--org--kimi-test" / "refs").mkdir()
+    (tmp_path / "hf" / "hub" / "models--org--kimi-test" / "refs" / "main").write_text("abc")
+    server.check_model_path("org/kimi-test")  # cached: served offline
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # huggingface_hub reads "0" as online
+    server.check_model_path("org/other-model")
+
+
 def test_serve_model_folder_without_config(capsys, tmp_path):
     assert cli.main(["serve", "--model-path", str(tmp_path)]) == 2
     assert "no config.json" in _error_line(capsys)
@@ -162,6 +182,37 @@ def test_cpu_launch_command_applies_defaults_and_keeps_user_flags(tmp_path):
     assert spec.env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert set(spec.shims) <= {"sgl_kernel", "torchvision"}
     assert (str(server.SHIMS_DIR) in spec.env.get("PYTHONPATH", "")) == bool(spec.shims)
+
+
+def test_device_flag_decides_cpu_settings(tmp_path, monkeypatch):
+    """--device cpu gets the CPU settings on a GPU machine too; --device cuda without a visible GPU is refused."""
+    (tmp_path / "config.json").write_text("{}")
+    model = ["--model-path", str(tmp_path)]
+    monkeypatch.setattr(server, "has_gpu", lambda: True)
+    spec = server.launch_command([*model, "--device", "cpu"], port=server.ANY_PORT)
+    assert spec.cpu and spec.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert spec.argv[spec.argv.index("--attention-backend") + 1] == "kimi_cpu"
+    assert not server.launch_command(model, port=server.ANY_PORT).cpu
+    monkeypatch.setattr(server, "has_gpu", lambda: False)
+    with pytest.raises(server.LaunchError, match="--device cuda, but torch sees no GPU.*drop --device"):
+        server.launch_command([*model, "--device=cuda"], port=server.ANY_PORT)
+    assert server.launch_command(model, port=server.ANY_PORT).cpu
+
+
+def test_cpu_launch_stays_online_for_a_hub_id(tmp_path, monkeypatch):
+    """Local checkpoints are served offline on CPU (no hub lookups); a hub id must be downloadable, unless the user
+    set HF_HUB_OFFLINE themselves."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    (tmp_path / "config.json").write_text("{}")
+    local = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.ANY_PORT)
+    assert local.env["HF_HUB_OFFLINE"] == "1"
+    drafter = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "org/drafter"]
+    hub = server.launch_command(["--model-path", str(tmp_path), *drafter], cpu=True, port=server.ANY_PORT)
+    assert "HF_HUB_OFFLINE" not in hub.env
+    for value in ("0", "1"):  # the user's own setting is kept, local folder or hub id
+        monkeypatch.setenv("HF_HUB_OFFLINE", value)
+        for args in (["--model-path", str(tmp_path)], ["--model-path", str(tmp_path), *drafter]):
+            assert server.launch_command(args, cpu=True, port=server.ANY_PORT).env["HF_HUB_OFFLINE"] == value
 
 
 SGLANG_PARSE = """
