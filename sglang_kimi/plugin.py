@@ -302,6 +302,19 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "speculative-output-budget",
+        "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
+        "sglang_kimi.kv_budget:install_speculative_output_budget",
+        "upstream gap: a request's max_new_tokens is clipped to the KV pool counting one slot per decode step, but a "
+        "speculative step reserves 2 x draft tokens: a request within that reserve of the pool's capacity is aborted "
+        "with HTTP 500 where the autoregressive server answers it (finish_reason length). The clip counts the "
+        "reserve, so the request ends with length, its tokens those of the autoregressive output",
+        needs=(
+            "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
+            "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
+        ),
+    ),
+    Entry(
         "kimi-language-model-only",
         "sglang.srt.server_args.ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES",
         "sglang_kimi.models.install:install_language_model_only_arch",

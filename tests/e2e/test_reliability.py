@@ -294,6 +294,49 @@ def test_decoding_up_to_the_end_of_the_context(tree_server, tiny_server):
     assert serves(tree_server.base_url)
 
 
+SMALL_POOL = 600  # KV tokens: less than the context, so one request can fill the pool
+
+
+@pytest.fixture(scope="module")
+def small_pool_tree_server(tmp_path_factory):
+    server = launch(tmp_path_factory, "tree-small-pool", DFLASH_TREE + ["--max-total-tokens", str(SMALL_POOL)])
+    yield server
+    server.stop()
+
+
+def test_requests_that_fill_a_small_kv_pool(small_pool_tree_server, tiny_server):
+    """A server whose KV pool holds fewer tokens than the context: requests whose prompt and output reach the pool's
+    end, alone and among others. SGLang clips max_new_tokens to the pool counting one slot per decode step, and a
+    speculative step reserves 2 x its draft tokens, so such a request was aborted with HTTP 500 ("Out of memory even
+    after retracting all other requests"). Each is answered 200, ending with ``length`` where the pool ends, its
+    tokens a prefix of the non-speculative server's; requests that fit are served whole."""
+    url = small_pool_tree_server.base_url
+    base = [(11 * i) % (VOCAB - 16) + 5 for i in range(SMALL_POOL)]
+    near = [(base[:n], 64) for n in (500, 540, 560, 575, 585, 593)]  # 593: the longest prompt SGLang admits here
+    short = [(base[i : i + 40], 24) for i in range(0, 160, 20)]  # fit with room to spare
+    requests_ = near + short
+
+    def run(server_url, case):
+        ids, max_new = case
+        payload = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0.0}}
+        response = requests.post(server_url + "/generate", json=payload, timeout=600)
+        return response.status_code, response.json()
+
+    for concurrency in (1, len(requests_)):  # alone, then all at once (the pool runs dry: retraction)
+        with ThreadPoolExecutor(concurrency) as pool:
+            answers = list(pool.map(lambda c: run(url, c), requests_))
+        for case, (status, out) in zip(requests_, answers):
+            assert status == 200, f"prompt of {len(case[0])} tokens at concurrency {concurrency}: {str(out)[:300]}"
+            ref = run(tiny_server.base_url, case)[1]["output_ids"]
+            assert out["output_ids"] == ref[: len(out["output_ids"])], f"prompt of {len(case[0])} tokens"
+            if len(out["output_ids"]) < len(ref):
+                assert out["meta_info"]["finish_reason"]["type"] == "length"
+                assert len(case[0]) + len(out["output_ids"]) > SMALL_POOL - 80, "clipped far from the pool's end"
+        for case, (_, out) in zip(short, answers[len(near) :]):
+            assert out["output_ids"] == run(tiny_server.base_url, case)[1]["output_ids"]
+    assert serves(url)
+
+
 def target_top_logprobs(url: str, prompt_ids: list[int], output_ids: list[int], k: int) -> list[dict[int, float]]:
     """The non-speculative server's top-k log-probabilities of every output position (teacher-forced prompt)."""
     payload = {
