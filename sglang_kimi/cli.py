@@ -21,7 +21,8 @@ model: SGLang cannot start it otherwise). On a machine without a GPU also: SGLAN
 --device cpu, --attention-backend kimi_cpu (the plugin's CPU backend, which serves autoregressive and every
 speculative mode), --sampling-backend pytorch, --cuda-graph-backend-decode disabled,
 --cuda-graph-backend-prefill disabled, --dtype float32, and the CPU import shims for sgl_kernel /
-torchvision.
+torchvision. A flag set in SGLang's --config YAML file counts as given (the command line still wins over the
+file), and relative paths work in both.
 
 examples:
   sglang-kimi serve

@@ -208,13 +208,54 @@ PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-pat
 
 
 def _absolute_paths(args: list[str]) -> list[str]:
-    out = list(args)
+    out = []
+    for arg in args:  # SGLang merges a config file given as `--config FILE` only, never `--config=FILE`
+        out += ["--config", arg.split("=", 1)[1]] if arg.startswith("--config=") else [arg]
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out) and Path(out[i + 1]).expanduser().exists():
+            out[i + 1] = str(Path(out[i + 1]).expanduser().resolve())
     for i, arg in enumerate(out):
         for flag in PATH_FLAGS:
             if arg == flag and i + 1 < len(out) and Path(out[i + 1]).expanduser().exists():
                 out[i + 1] = str(Path(out[i + 1]).expanduser().resolve())
             elif arg.startswith(flag + "=") and Path(arg.split("=", 1)[1]).expanduser().exists():
                 out[i] = flag + "=" + str(Path(arg.split("=", 1)[1]).expanduser().resolve())
+    return out
+
+
+def config_file_args(args: list[str]) -> list[str]:
+    """The flags of the YAML file given by ``--config`` (SGLang's own config files: a mapping of flag names to values,
+    which SGLang puts before the command line's flags, so the command line wins), as command-line flags: what the
+    launcher reads to know which flags the user set. Booleans are kept as given (``false`` too: set by the user)."""
+    path = _flag_value(args, "--config")
+    if path is None:
+        return []
+    file = Path(path).expanduser()
+    if file.suffix.lower() not in (".yaml", ".yml"):
+        raise LaunchError(f"--config {path}: SGLang reads config files in YAML (.yaml or .yml): give one")
+    if not file.is_file():
+        raise LaunchError(f"--config {path} does not exist: give the path of a YAML config file")
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise LaunchError(f"--config {path} is not readable YAML ({str(exc).splitlines()[0]}): fix the file") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise LaunchError(f"--config {path}: SGLang wants a mapping of flag names to values at its top level")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else [flag, "false"]
+        elif isinstance(value, list):
+            out += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
     return out
 
 
@@ -400,17 +441,22 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     CPU-only machine (``cpu`` None: detected) the :data:`CPU_DEFAULTS` the user did not give, the CPU environment
     and the needed shims.
     """
-    args = list(sglang_args)
-    if not _has_flag(args, "--model-path"):
+    args = _absolute_paths(list(sglang_args))
+    config = config_file_args(args)  # flags set in a --config file count as given; the command line wins
+    for flag in PATH_FLAGS:  # a config file's relative paths, made absolute on the command line
+        value = _flag_value(config, flag)
+        if not _has_flag(args, flag) and value and Path(value).expanduser().exists():
+            args += [flag, str(Path(value).expanduser().resolve())]
+    if not _has_flag(args + config, "--model-path"):
         args = ["--model-path", str(TINY_MODEL)] + args
-    check_model_path(_flag_value(args, "--model-path"))
-    if lacks_image_processor(_flag_value(args, "--model-path")) and not _has_flag(args, "--language-model-only"):
+    model_path = _flag_value(args + config, "--model-path")
+    check_model_path(model_path)
+    if lacks_image_processor(model_path) and not _has_flag(args + config, "--language-model-only"):
         args += ["--language-model-only"]  # SGLang cannot start it multimodal: it has no image processor
-    args = _absolute_paths(args)
-    host = _flag_value(args, "--host") or DEFAULT_HOST
-    if not _has_flag(args, "--host"):
+    host = _flag_value(args + config, "--host") or DEFAULT_HOST
+    if not _has_flag(args + config, "--host"):
         args += ["--host", host]
-    given_port = _flag_value(args, "--port")
+    given_port = _flag_value(args + config, "--port")
     any_port = not given_port and port == ANY_PORT
     if any_port:
         port = free_port(host)  # bound and released just now: SGLang's own bind may still lose it (ServerProcess)
@@ -420,7 +466,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if not given_port:
         args += ["--port", str(port)]
 
-    device = (_flag_value(args, "--device") or "").lower()
+    device = (_flag_value(args + config, "--device") or "").lower()
     if cpu is None:
         gpu = has_gpu()
         if device == "cuda" and not gpu:
@@ -431,14 +477,14 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
         cpu = device == "cpu" or not gpu  # --device cpu on a GPU machine serves on the CPU, with the CPU settings
     if cpu:
         for flag, value in CPU_DEFAULTS.items():
-            if not _has_flag(args, flag):
+            if not _has_flag(args + config, flag):
                 args += [flag] if value is None else [flag, value]
-        check_cpu_args(args)
+        check_cpu_args(args + config)
     env, shims = sglang_env(cpu)
-    hub = [v for f in PATH_FLAGS if (v := _flag_value(args, f)) and not Path(v).expanduser().exists()]
+    hub = [v for f in PATH_FLAGS if (v := _flag_value(args + config, f)) and not Path(v).expanduser().exists()]
     if cpu and hub and "HF_HUB_OFFLINE" not in os.environ:
         del env["HF_HUB_OFFLINE"]  # a hub id given here is downloaded
-    ranks, flags = parallel_ranks(args)
+    ranks, flags = parallel_ranks(args + config)
     if cpu and ranks > 1 and CPU_THREADS_BIND_ENV not in env:
         env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags)
     argv = [sys.executable, "-m", "sglang.launch_server", *args]

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -227,6 +228,67 @@ args = parser.parse_args(json.loads(sys.argv[1]))
 print("RESULT=" + json.dumps({"deprecated": sorted(deprecated), "cuda_graph_config": str(args.cuda_graph_config),
                               "decode": args.cuda_graph_backend_decode, "prefill": args.cuda_graph_backend_prefill}))
 """
+
+
+SGLANG_MERGE = """
+import argparse, json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = parser.parse_args(ConfigArgumentMerger(parser).merge_config_with_args(json.loads(sys.argv[1])))
+print("RESULT=" + json.dumps({k: getattr(args, k) for k in (
+    "model_path", "port", "host", "attention_backend", "dtype", "skip_server_warmup", "tp_size")}))
+"""
+
+
+def test_flags_of_a_config_file_count_as_given(tmp_path, monkeypatch):
+    """``serve --config kimi.yaml`` (SGLang's YAML config files): the launcher's defaults do not override what the file
+    sets (SGLang puts the file's flags first, so a default on the command line would win: the embedded tiny model
+    served instead of the file's), a relative path in it and the file's own path work from the server's working
+    directory, and SGLang's own merge reads the result as the file says."""
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "kimi.yaml").write_text("model-path: ckpt\nport: 31313\ndtype: bfloat16\nskip-server-warmup: false\n")
+    monkeypatch.chdir(tmp_path)
+    spec = server.launch_command(["--config=kimi.yaml"], cpu=True)
+    argv = spec.argv[spec.argv.index("sglang.launch_server") + 1 :]
+    assert argv[argv.index("--config") + 1] == str(tmp_path / "kimi.yaml")
+    assert str(server.TINY_MODEL) not in argv and argv[argv.index("--model-path") + 1] == str(model)
+    assert "--port" not in argv and "--dtype" not in argv and "--skip-server-warmup" not in argv
+    assert spec.port == 31313
+    out = subprocess.run(
+        [sys.executable, "-c", SGLANG_MERGE, json.dumps(argv)], env=spec.env, capture_output=True, text=True,
+        timeout=300, cwd=tempfile.gettempdir(),  # the server's working directory
+    )  # fmt: skip
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT=")), None)
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    assert json.loads(line[len("RESULT=") :]) == {
+        "model_path": str(model), "port": 31313, "host": "127.0.0.1", "attention_backend": "kimi_cpu",
+        "dtype": "bfloat16", "skip_server_warmup": False, "tp_size": 1,
+    }  # fmt: skip
+    # parallel sizes set in the file count for the CPU core binding too
+    (tmp_path / "tp.yaml").write_text("tp-size: 2\n")
+    assert server.parallel_ranks(server.config_file_args(["--config", "tp.yaml"])) == (2, "--tp-size 2")
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("kimi.json", "{}", "SGLang reads config files in YAML"),
+        ("kimi.yaml", None, "does not exist"),
+        ("kimi.yaml", "model-path: [unclosed", "is not readable YAML"),
+        ("kimi.yaml", "- a list\n", "a mapping of flag names to values"),
+    ],
+)
+def test_unusable_config_file_is_refused(tmp_path, name, text, message):
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    with pytest.raises(server.LaunchError, match=message):
+        server.launch_command(["--config", str(tmp_path / name)], cpu=True, port=server.ANY_PORT)
 
 
 def test_cpu_defaults_are_flags_sglang_does_not_deprecate():
