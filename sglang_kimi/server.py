@@ -203,23 +203,56 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 
 
-# Path flags made absolute: the server runs in a neutral working directory (see ServerProcess).
-PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
+# Paths are made absolute against the caller's working directory: the server runs in a neutral one (see
+# ServerProcess). Inputs where the path exists (a hub id, a template name stay as given); outputs always.
+MODEL_PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
+INPUT_PATH_FLAGS = MODEL_PATH_FLAGS + (
+    "--config",
+    "--chat-template",
+    "--completion-template",
+    "--speculative-token-map",
+    "--speculative-kimi-adaptive-config",
+    "--speculative-ngram-external-corpus-path",
+    "--speculative-dspark-sps-table-path",
+    "--quantization-param-path",
+    "--decrypted-config-file",
+    "--decrypted-draft-config-file",
+    "--ssl-keyfile",
+    "--ssl-certfile",
+    "--ssl-ca-certs",
+)
+OUTPUT_PATH_FLAGS = (
+    "--speculative-kimi-adaptive-profile",
+    "--crash-dump-folder",
+    "--export-metrics-to-file-dir",
+    "--file-storage-path",
+    "--debug-tensor-dump-output-folder",
+    "--download-dir",
+)
+
+
+def _absolute(flag: str, value: str) -> str | None:
+    """``value`` of ``flag`` as an absolute path, or None where it stays as given."""
+    path = Path(value).expanduser()
+    if flag in OUTPUT_PATH_FLAGS and value and not path.is_absolute():
+        return str(path.resolve())
+    if flag in INPUT_PATH_FLAGS and path.exists() and str(path.resolve()) != value:
+        return str(path.resolve())
+    return None
 
 
 def _absolute_paths(args: list[str]) -> list[str]:
-    out = []
+    out: list[str] = []
     for arg in args:  # SGLang merges a config file given as `--config FILE` only, never `--config=FILE`
         out += ["--config", arg.split("=", 1)[1]] if arg.startswith("--config=") else [arg]
     for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out) and Path(out[i + 1]).expanduser().exists():
-            out[i + 1] = str(Path(out[i + 1]).expanduser().resolve())
-    for i, arg in enumerate(out):
-        for flag in PATH_FLAGS:
-            if arg == flag and i + 1 < len(out) and Path(out[i + 1]).expanduser().exists():
-                out[i + 1] = str(Path(out[i + 1]).expanduser().resolve())
-            elif arg.startswith(flag + "=") and Path(arg.split("=", 1)[1]).expanduser().exists():
-                out[i] = flag + "=" + str(Path(arg.split("=", 1)[1]).expanduser().resolve())
+        flag, eq, value = arg.partition("=")
+        if flag not in INPUT_PATH_FLAGS + OUTPUT_PATH_FLAGS:
+            continue
+        if eq and (absolute := _absolute(flag, value)):
+            out[i] = f"{flag}={absolute}"
+        elif not eq and i + 1 < len(out) and (absolute := _absolute(flag, out[i + 1])):
+            out[i + 1] = absolute
     return out
 
 
@@ -443,10 +476,10 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     """
     args = _absolute_paths(list(sglang_args))
     config = config_file_args(args)  # flags set in a --config file count as given; the command line wins
-    for flag in PATH_FLAGS:  # a config file's relative paths, made absolute on the command line
+    for flag in INPUT_PATH_FLAGS + OUTPUT_PATH_FLAGS:  # a config file's relative paths, absolute on the command line
         value = _flag_value(config, flag)
-        if not _has_flag(args, flag) and value and Path(value).expanduser().exists():
-            args += [flag, str(Path(value).expanduser().resolve())]
+        if value and not _has_flag(args, flag) and (absolute := _absolute(flag, value)):
+            args += [flag, absolute]
     if not _has_flag(args + config, "--model-path"):
         args = ["--model-path", str(TINY_MODEL)] + args
     model_path = _flag_value(args + config, "--model-path")
@@ -481,9 +514,14 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args + config)
     env, shims = sglang_env(cpu)
-    hub = [v for f in PATH_FLAGS if (v := _flag_value(args + config, f)) and not Path(v).expanduser().exists()]
+    hub = [v for f in MODEL_PATH_FLAGS if (v := _flag_value(args + config, f)) and not Path(v).expanduser().exists()]
     if cpu and hub and "HF_HUB_OFFLINE" not in os.environ:
         del env["HF_HUB_OFFLINE"]  # a hub id given here is downloaded
+    from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
+
+    scales = env.get(KV_SCALES_ENV, "")  # a scales file named relative to the caller's working directory
+    if scales not in ("", "dynamic", "observe", "off") and Path(scales).expanduser().is_file():
+        env[KV_SCALES_ENV] = str(Path(scales).expanduser().resolve())
     ranks, flags = parallel_ranks(args + config)
     if cpu and ranks > 1 and CPU_THREADS_BIND_ENV not in env:
         env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags)

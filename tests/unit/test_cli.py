@@ -275,6 +275,32 @@ def test_flags_of_a_config_file_count_as_given(tmp_path, monkeypatch):
     assert server.parallel_ranks(server.config_file_args(["--config", "tp.yaml"])) == (2, "--tp-size 2")
 
 
+def test_relative_paths_work_from_the_servers_working_directory(tmp_path, monkeypatch):
+    """The server runs in a neutral working directory: paths the user names relative to theirs are made absolute,
+    inputs where they exist (a hub id or a template name is kept), outputs always, and a KV scales file in
+    SGLANG_KIMI_KV_SCALES too."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "kimi.jinja").write_text("{{ messages }}")
+    (tmp_path / "scales.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", "scales.json")
+    args = ["--model-path", "ckpt", "--chat-template=kimi.jinja", "--tokenizer-path", "org/tokenizer"]
+    args += ["--speculative-kimi-adaptive-profile", "profiles/kimi.json", "--crash-dump-folder", "/abs/dumps"]
+    args += ["--completion-template", "deepseek"]
+    spec = server.launch_command(args, cpu=True, port=server.ANY_PORT)
+    argv = spec.argv
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path / "ckpt")
+    assert f"--chat-template={tmp_path / 'kimi.jinja'}" in argv
+    assert argv[argv.index("--tokenizer-path") + 1] == "org/tokenizer"  # a hub id
+    assert argv[argv.index("--completion-template") + 1] == "deepseek"  # a template name
+    assert argv[argv.index("--speculative-kimi-adaptive-profile") + 1] == str(tmp_path / "profiles" / "kimi.json")
+    assert argv[argv.index("--crash-dump-folder") + 1] == "/abs/dumps"
+    assert spec.env["SGLANG_KIMI_KV_SCALES"] == str(tmp_path / "scales.json")
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", "observe")
+    assert server.launch_command(args, cpu=True, port=server.ANY_PORT).env["SGLANG_KIMI_KV_SCALES"] == "observe"
+
+
 @pytest.mark.parametrize(
     "name, text, message",
     [
