@@ -102,7 +102,26 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
             f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceed the model's context "
             f"({server.max_model_len} tokens) on {server.url}"
         )
+    if server.max_model_len and cfg.output_len >= server.max_model_len:
+        raise EvalError(
+            f"--output-len {cfg.output_len} leaves no room for a prompt in the model's context "
+            f"({server.max_model_len} tokens) on {server.url}: lower --output-len"
+        )
     return cfg
+
+
+def check_rows_fit(rows, output_len: int, server: Server) -> None:
+    """Refuse a level whose longest prompt and the output length exceed the server's context: SGLang's server
+    refuses such a request with HTTP 400, and its benchmark client counts it as completed with the whole output."""
+    if not server.max_model_len or not rows:
+        return
+    longest = max(r.prompt_len for r in rows)
+    if longest + output_len > server.max_model_len:
+        raise EvalError(
+            f"--output-len {output_len}: prompts of up to {longest} tokens + {output_len} exceed the model's context "
+            f"({server.max_model_len} tokens) on {server.url}: lower --output-len to at most "
+            f"{server.max_model_len - longest}"
+        )
 
 
 # -- prompts ---------------------------------------------------------------------------------------------
@@ -215,9 +234,12 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
             f"cannot load the tokenizer {tokenizer_path} ({type(exc).__name__}): pass --tokenizer PATH"
         ) from None
     questions = gsm8k_questions(cfg.data_dir) if cfg.dataset == "gsm8k" else None
+    rows_by_level = {c: make_rows(serving, tokenizer, cfg, c, questions) for c in cfg.concurrency}
+    for rows in rows_by_level.values():  # every level checked before the first one runs
+        check_rows_fit(rows, cfg.output_len, server)
+    out_dir.mkdir(parents=True, exist_ok=True)  # once the levels can run: a refused sweep leaves no empty folder
     levels = []
-    for c in cfg.concurrency:
-        rows = make_rows(serving, tokenizer, cfg, c, questions)
+    for c, rows in rows_by_level.items():
         print(f"\n[{label}] concurrency {c}: {len(rows)} requests, {cfg.output_len} output tokens each", flush=True)
         args = sglang_bench.bench_args(
             dataset="random-ids" if cfg.dataset == "random" else cfg.dataset,
@@ -374,7 +396,6 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
         if baseline:
             check_same_model(baseline, server)
         cfg = resolve_config(args, server)
-        out_dir.mkdir(parents=True, exist_ok=True)  # after the servers answered: a failed start leaves no empty folder
         levels = sweep(server, cfg, out_dir, "server")
         base_levels = sweep(baseline, cfg, out_dir, "baseline") if baseline else None
     data = {

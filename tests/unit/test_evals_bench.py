@@ -58,6 +58,23 @@ def test_presets_and_flags():
         resolve_config(_args(preset="long"), _server(max_model_len=4096))
 
 
+def test_output_length_must_leave_room_for_the_prompts():
+    """GSM8K prompts with an output length past the context: SGLang's server refuses every request with HTTP 400 and
+    its benchmark client counts each as completed with the whole output (a throughput of 250,000 tok/s was
+    reported). Refused before any level runs, naming the largest output length that fits."""
+    from types import SimpleNamespace
+
+    from sglang_kimi.evals.bench import check_rows_fit
+
+    with pytest.raises(EvalError, match="--output-len 4096 leaves no room for a prompt"):
+        resolve_config(_args(output_len=4096), _server(max_model_len=4096))
+    rows = [SimpleNamespace(prompt_len=n) for n in (50, 111, 80)]
+    with pytest.raises(EvalError, match="prompts of up to 111 tokens.*at most 3985"):
+        check_rows_fit(rows, 3986, _server(max_model_len=4096))
+    check_rows_fit(rows, 3985, _server(max_model_len=4096))
+    check_rows_fit(rows, 10_000, _server(max_model_len=None))  # a server that does not say: SGLang's to refuse
+
+
 def _sglang_result(ttft=(0.1, 0.2), tpot=(10.0, 20.0), errors=("", "")):
     """The keys SGLang's benchmark() returns that we read (ms for the latency stats)."""
     out = {
