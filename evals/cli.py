@@ -214,7 +214,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_gsm8k(args: argparse.Namespace) -> int:
     from sglang_kimi.evals import report
-    from sglang_kimi.evals.gsm8k import run_gate
+    from sglang_kimi.evals.gsm8k import check_generation_fits, run_gate
     from sglang_kimi.evals.gsm8k_task import task_spec
     from sglang_kimi.evals.servers import LAUNCH_TIMEOUT, check_same_model, launch_pair, probe, split_args
 
@@ -237,6 +237,7 @@ def _eval_gsm8k(args: argparse.Namespace) -> int:
             urls = {"baseline": args.baseline, "candidate": args.candidate}
         baseline, candidate = probe(urls["baseline"]), probe(urls["candidate"])
         check_same_model(baseline, candidate)
+        check_generation_fits(cfg, baseline, candidate)
         print(f"baseline  {baseline.url}  {baseline.model_path}  speculative: {baseline.speculative}")
         print(f"candidate {candidate.url}  {candidate.model_path}  speculative: {candidate.speculative}", flush=True)
         result = run_gate(baseline, candidate, cfg, task)

@@ -212,7 +212,24 @@ def _explain_lm_eval_failure(exc: Exception, server: Server, task: TaskSpec) -> 
             f"{server.url}: prompts exceed the model's context ({server.max_model_len} tokens): lower "
             f"--num-fewshot or --max-gen-toks ({text})"
         )
+    if "400" in text and "bad request" in lowered:  # lm-eval keeps the status, not the server's reason
+        return (
+            f"{server.url} refused a request with HTTP 400 (its log says why; usually a few-shot prompt plus "
+            f"--max-gen-toks beyond the model's context of {server.max_model_len} tokens: lower --num-fewshot or "
+            f"--max-gen-toks) ({text})"
+        )
     return f"lm-eval failed against {server.url}: {text}"
+
+
+def check_generation_fits(cfg: GateConfig, *servers: Server) -> None:
+    """Refuse a --max-gen-toks that leaves no room for a prompt in a server's context, before lm-eval runs (the
+    server would refuse every request with HTTP 400, after lm-eval's retries)."""
+    for server in servers:
+        if server.max_model_len and cfg.max_gen_toks >= server.max_model_len:
+            raise EvalError(
+                f"--max-gen-toks {cfg.max_gen_toks} leaves no room for a prompt in the model's context "
+                f"({server.max_model_len} tokens) on {server.url}: lower --max-gen-toks"
+            )
 
 
 # -- the gate ----------------------------------------------------------------------------------------------

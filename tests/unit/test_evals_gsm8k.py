@@ -74,6 +74,23 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+def test_generation_length_is_checked_against_the_context():
+    """--max-gen-toks at or past a server's context is refused before lm-eval runs; a bare HTTP 400 from lm-eval
+    (which drops the server's reason) is explained with the usual cause and the flags that fix it."""
+    from sglang_kimi.evals.gsm8k import _explain_lm_eval_failure, check_generation_fits
+    from sglang_kimi.evals.gsm8k_task import task_spec
+    from sglang_kimi.evals.servers import Server
+
+    small = Server("http://h:1", {"model_path": "/m"}, {"internal_states": [{}]}, 4096)
+    unknown = Server("http://h:2", {"model_path": "/m"}, {"internal_states": [{}]}, None)
+    with pytest.raises(EvalError, match="--max-gen-toks 4096 leaves no room for a prompt.*4096 tokens.*h:1"):
+        check_generation_fits(GateConfig(max_gen_toks=4096), unknown, small)
+    check_generation_fits(GateConfig(max_gen_toks=4095), small, unknown)
+    exc = RuntimeError("400, message='Bad Request', url='http://h:1/v1/completions'")
+    message = _explain_lm_eval_failure(exc, small, task_spec(None, None))
+    assert "HTTP 400" in message and "--max-gen-toks" in message and "--num-fewshot" in message and "4096" in message
+
+
 # -- lm-eval samples -> answers ------------------------------------------------------------------------
 
 
