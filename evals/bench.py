@@ -102,6 +102,11 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
             f"--input-len {cfg.input_len} + --output-len {cfg.output_len} exceed the model's context "
             f"({server.max_model_len} tokens) on {server.url}"
         )
+    if cfg.dataset == "random" and server.max_input_len and cfg.input_len > server.max_input_len:
+        raise EvalError(
+            f"--input-len {cfg.input_len} exceeds the longest prompt {server.url} admits ({server.max_input_len} "
+            "tokens: its KV pool or context): lower --input-len"
+        )
     if server.max_model_len and cfg.output_len >= server.max_model_len:
         raise EvalError(
             f"--output-len {cfg.output_len} leaves no room for a prompt in the model's context "
@@ -113,10 +118,15 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
 def check_rows_fit(rows, output_len: int, server: Server) -> None:
     """Refuse a level whose longest prompt and the output length exceed the server's context: SGLang's server
     refuses such a request with HTTP 400, and its benchmark client counts it as completed with the whole output."""
-    if not server.max_model_len or not rows:
+    if not rows:
         return
     longest = max(r.prompt_len for r in rows)
-    if longest + output_len > server.max_model_len:
+    if server.max_input_len and longest > server.max_input_len:
+        raise EvalError(
+            f"prompts of up to {longest} tokens exceed the longest prompt {server.url} admits ({server.max_input_len} "
+            "tokens: its KV pool or context): lower --input-len, or serve with a larger pool"
+        )
+    if server.max_model_len and longest + output_len > server.max_model_len:
         raise EvalError(
             f"--output-len {output_len}: prompts of up to {longest} tokens + {output_len} exceed the model's context "
             f"({server.max_model_len} tokens) on {server.url}: lower --output-len to at most "
@@ -184,6 +194,13 @@ def widths_run(before: dict[str, int] | None, after: dict[str, int] | None) -> d
         return None
     steps = {w: n - (before or {}).get(w, 0) for w, n in after.items()}
     return {w: n for w, n in steps.items() if n > 0}
+
+
+def silent_failures(result: dict) -> int:
+    """Requests SGLang's client counted as completed though no token arrived: a streamed request the server refuses
+    gets HTTP 200 with one error event, which the client reads as success with the whole requested output."""
+    errors, texts, ttfts = result.get("errors") or [], result.get("generated_texts") or [], result.get("ttfts") or []
+    return sum(1 for error, text, ttft in zip(errors, texts, ttfts) if not error and not text and not ttft)
 
 
 def summarize_level(
@@ -268,6 +285,13 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
         level = summarize_level(c, len(rows), result, before, after, widths_run(steps_before, adaptive_steps(info)))
         if level["completed"] == 0:
             raise EvalError(f"{server.url}: every request at concurrency {c} failed: {level['first_error']}")
+        silent = silent_failures(result)
+        if silent:
+            raise EvalError(
+                f"{server.url}: {silent} of {len(rows)} requests at concurrency {c} got no token (the server answered "
+                "with an error event; its log says why). SGLang's benchmark client counts them as completed with "
+                "their whole output, so the level's numbers would be wrong"
+            )
         levels.append(level)
     return levels
 

@@ -69,6 +69,12 @@ class Server:
         return str(self.model_info.get("served_model_name") or self.model_path)
 
     @property
+    def max_input_len(self) -> int | None:
+        """The longest prompt the server admits (``max_req_input_len``: the context or the KV pool, the smaller)."""
+        value = self.server_info.get("max_req_input_len")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
     def device(self) -> str | None:
         return self.server_info.get("device")
 

@@ -73,6 +73,26 @@ def test_output_length_must_leave_room_for_the_prompts():
         check_rows_fit(rows, 3986, _server(max_model_len=4096))
     check_rows_fit(rows, 3985, _server(max_model_len=4096))
     check_rows_fit(rows, 10_000, _server(max_model_len=None))  # a server that does not say: SGLang's to refuse
+    # a KV pool smaller than the context admits shorter prompts (/server_info's max_req_input_len)
+    pool = Server("http://h:1", {"model_path": "/m"}, {"device": "cpu", "max_req_input_len": 100}, 4096)
+    with pytest.raises(EvalError, match="prompts of up to 111 tokens exceed the longest prompt.*100 tokens"):
+        check_rows_fit(rows, 8, pool)
+    with pytest.raises(EvalError, match="--input-len 700 exceeds the longest prompt.*100 tokens"):
+        resolve_config(_args(dataset="random", input_len=700, output_len=8), pool)
+
+
+def test_requests_that_got_no_token_are_found():
+    """SGLang's client reads a streamed error event (HTTP 200, no token) as a request completed with its whole
+    output; such requests are counted, real errors and answered requests are not."""
+    from sglang_kimi.evals.bench import silent_failures
+
+    result = {
+        "errors": ["", "", "Bad Request: ...", ""],
+        "generated_texts": ["", "a", "", ""],
+        "ttfts": [0.0, 0.1, 0.0, 0.2],
+    }
+    assert silent_failures(result) == 1
+    assert silent_failures({"errors": [""], "generated_texts": ["x"], "ttfts": [0.1]}) == 0
 
 
 def _sglang_result(ttft=(0.1, 0.2), tpot=(10.0, 20.0), errors=("", "")):
