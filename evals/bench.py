@@ -25,7 +25,15 @@ from sglang_kimi.api_key import auth_headers
 from sglang_kimi.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
-from sglang_kimi.evals.servers import LAUNCH_TIMEOUT, Server, check_same_model, launch_pair, probe, split_args
+from sglang_kimi.evals.servers import (
+    LAUNCH_TIMEOUT,
+    Server,
+    check_generation_room,
+    check_same_model,
+    launch_pair,
+    probe,
+    split_args,
+)
 
 # The published Kimi-K2.6 speculative-decoding runs.
 PRESETS = {
@@ -107,11 +115,7 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
             f"--input-len {cfg.input_len} exceeds the longest prompt {server.url} admits ({server.max_input_len} "
             "tokens: its KV pool or context): lower --input-len"
         )
-    if server.max_model_len and cfg.output_len >= server.max_model_len:
-        raise EvalError(
-            f"--output-len {cfg.output_len} leaves no room for a prompt in the model's context "
-            f"({server.max_model_len} tokens) on {server.url}: lower --output-len"
-        )
+    check_generation_room("--output-len", cfg.output_len, server)
     return cfg
 
 

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.gsm8k_task import TaskSpec
-from sglang_kimi.evals.servers import Server
+from sglang_kimi.evals.servers import Server, check_generation_room
 from sglang_kimi.evals.stats import Comparison, compare, significant_drop
 
 FILTERS = ("flexible-extract", "strict-match")
@@ -225,11 +225,7 @@ def check_generation_fits(cfg: GateConfig, *servers: Server) -> None:
     """Refuse a --max-gen-toks that leaves no room for a prompt in a server's context, before lm-eval runs (the
     server would refuse every request with HTTP 400, after lm-eval's retries)."""
     for server in servers:
-        if server.max_model_len and cfg.max_gen_toks >= server.max_model_len:
-            raise EvalError(
-                f"--max-gen-toks {cfg.max_gen_toks} leaves no room for a prompt in the model's context "
-                f"({server.max_model_len} tokens) on {server.url}: lower --max-gen-toks"
-            )
+        check_generation_room("--max-gen-toks", cfg.max_gen_toks, server)
 
 
 # -- the gate ----------------------------------------------------------------------------------------------

@@ -214,6 +214,17 @@ def check_same_model(baseline: Server, candidate: Server) -> None:
         )
 
 
+def check_generation_room(flag: str, tokens: int, server: Server) -> None:
+    """Refuse an output length (``flag`` = ``tokens``) that leaves no room for a prompt in ``server``'s context: the
+    server would refuse every request, and the clients (lm-eval, SGLang's benchmark) report that poorly or not at
+    all."""
+    if server.max_model_len and tokens >= server.max_model_len:
+        raise EvalError(
+            f"{flag} {tokens} leaves no room for a prompt in the model's context ({server.max_model_len} tokens) on "
+            f"{server.url}: lower {flag}"
+        )
+
+
 def launch_pair(
     specs: dict[str, list[str]], stack: ExitStack, log_dir: Path, timeout: float = LAUNCH_TIMEOUT
 ) -> dict[str, str]:
