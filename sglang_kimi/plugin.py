@@ -287,6 +287,19 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "freezes the collector. The post waits until the server's port accepts connections",
     ),
     Entry(
+        "dp-controller-waits",
+        "sglang.srt.managers.data_parallel_controller.DataParallelController.event_loop",
+        "sglang_kimi.dp_controller:install_blocking_dp_controller",
+        "upstream busy loop: with --dp-size above 1 the data-parallel controller polls the tokenizer's socket without "
+        "ever waiting and holds a CPU core at 100% while the server is idle, a core the ranks lose (on CPU, half "
+        "their compute on two cores). It blocks on the socket instead, as the detokenizer does",
+        needs=(
+            "sglang.srt.managers.data_parallel_controller.DataParallelController.event_loop",
+            "sglang.srt.managers.io_struct.sock_recv",
+            "sglang.srt.utils.watchdog.Watchdog.disable",
+        ),
+    ),
+    Entry(
         "dflash-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
         "sglang_kimi.req_to_token:install_dflash_row_headroom",

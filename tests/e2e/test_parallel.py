@@ -18,6 +18,9 @@ the plugin's Kimi class keeps SGLang's pipeline-parallel forward."""
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -25,7 +28,7 @@ from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm
 from support.servers import launch
 
 from sglang_kimi.dp_reports import reports
-from sglang_kimi.server import fetch_plugin_state
+from sglang_kimi.server import fetch_plugin_state, group_members
 
 TP2 = ["--tp", "2"]
 PROMPTS = 3
@@ -80,6 +83,20 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_controller_cpu(server, wait_s: float = 2.0) -> float:
+    """The share of a core SGLang's data-parallel controller process uses over ``wait_s`` seconds of no requests."""
+    titles = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in group_members(server.pgid)}
+    (pid,) = [pid for pid, title in titles.items() if title.startswith(b"sglang::data_parallel_controller")]
+    before = cpu_seconds(pid)
+    time.sleep(wait_s)
+    return (cpu_seconds(pid) - before) / wait_s
+
+
 def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1_outputs):
     prompts, expected = tp1_outputs
     args = KIMI_CPU + ["--dp-size", "2"] + DFLASH + ["--speculative-dflash-tree-budget", "16"]
@@ -98,6 +115,11 @@ def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1
         assert metrics["steps"] == sum(m["steps"] for m in per_rank) == sum(metrics["accept_length_histogram"])
         assert metrics["drafted_per_position"][0] == metrics["steps"]
         print(f"DFLASH tree at DP 2: steps per rank {[m['steps'] for m in per_rank]}, tau {metrics['tau']:.2f}")
+        # SGLang's controller polls its socket in a loop that never waits; the plugin's blocks (dp_controller.py)
+        share = idle_controller_cpu(server)
+        print(f"idle data-parallel controller: {share:.1%} of a core")
+        assert share < 0.2, f"the idle data-parallel controller uses {share:.0%} of a core"
+        assert merged["registrations"]["dp-controller-waits"] == "ok"
     finally:
         server.stop()
 
