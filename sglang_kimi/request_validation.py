@@ -42,12 +42,19 @@ lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-
 ``rid`` on a single prompt. A request with both ``text`` and ``input_ids``, which SGLang serves from the ids alone
 (the text silently dropped), is refused there too.
 
+``return_hidden_states`` on a DFLASH or EAGLE3 server would not return the model's hidden states (SGLang refuses it
+only for DFLASH with its overlap scheduler): a DFLASH server without the overlap scheduler answers an empty list, and
+an EAGLE3 server whose drafter reads auxiliary target layers (``eagle_config.use_aux_hidden_state``, the default)
+answers those layers concatenated, three times the hidden size wide, in place of the final hidden state. Both are
+refused, naming the server that serves them.
+
 Each is a ``ValueError`` naming the problem, which SGLang's HTTP server answers with status 400 (an error event on a
 streaming request), and the server goes on serving.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 from sglang_kimi.hooks import hook
@@ -198,6 +205,35 @@ def _check_capture_options(obj, server_args) -> None:
             )
 
 
+@functools.lru_cache(maxsize=None)
+def _eagle3_reads_aux_layers(draft_model_path: str | None) -> bool:
+    """Whether an EAGLE3 drafter reads auxiliary target layers, as SGLang decides it (``use_aux_hidden_state`` of the
+    drafter's ``eagle_config``, true when absent or unreadable)."""
+    from transformers import PretrainedConfig
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(draft_model_path)
+    except Exception:  # whatever a missing or unparsable config raises: SGLang's default then
+        return True
+    return bool((config.get("eagle_config") or {}).get("use_aux_hidden_state", True))
+
+
+def _check_hidden_states(obj, server_args) -> None:
+    if not getattr(obj, "return_hidden_states", False) or server_args is None:
+        return
+    algorithm = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
+    if algorithm == "DFLASH":
+        returned = "an empty list"
+    elif algorithm == "EAGLE3" and _eagle3_reads_aux_layers(getattr(server_args, "speculative_draft_model_path", None)):
+        returned = "the drafter's auxiliary target layers, concatenated, instead of the final hidden state"
+    else:
+        return
+    raise ValueError(
+        f"return_hidden_states is not served with {algorithm} speculative decoding, which returns {returned}: ask a "
+        "server started without --speculative-algorithm (and with --return-hidden-states-mode) for hidden states"
+    )
+
+
 def _has_multimodal_input(obj) -> bool:
     return any(getattr(obj, name, None) is not None for name in ("image_data", "video_data", "audio_data"))
 
@@ -210,6 +246,7 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     _check_python_only_fields(obj, server_args)
     _check_custom_logit_processor(obj, server_args)
     _check_capture_options(obj, server_args)
+    _check_hidden_states(obj, server_args)
     _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)

@@ -1,6 +1,7 @@
 """Request validation (``sglang_kimi/request_validation.py``): what would crash a scheduler is a ValueError (HTTP
 400) naming the problem; everything else passes through to SGLang's own checks."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,9 @@ from sglang_kimi.request_validation import (
     check_normalized_batch,
     validate_request,
 )
+from sglang_kimi.server import TINY_MODEL
+
+TINY_EAGLE3 = TINY_MODEL.parent / "tiny-kimi-k2.6-eagle3"
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100, hidden_size=4))
 
@@ -131,6 +135,45 @@ def test_capture_options_need_their_server_flag(option):
         validate_request(custom_processor_manager(), request(**{option: True}), [1, 2])
     assert validate_request(custom_processor_manager(**{flag: True}), request(**{option: True}), [1, 2]) is None
     assert validate_request(custom_processor_manager(), request(**{option: False}), [1, 2]) is None
+
+
+def speculative_manager(algorithm, draft=None):
+    return SimpleNamespace(
+        model_config=MANAGER.model_config,
+        server_args=SimpleNamespace(speculative_algorithm=algorithm, speculative_draft_model_path=draft),
+    )
+
+
+def eagle3_drafter(folder, use_aux):
+    """A copy of the embedded EAGLE3 drafter's config with ``use_aux_hidden_state`` set (None: the key left out)."""
+    config = json.loads((TINY_EAGLE3 / "config.json").read_text())
+    if use_aux is None:
+        del config["eagle_config"]["use_aux_hidden_state"]
+    else:
+        config["eagle_config"]["use_aux_hidden_state"] = use_aux
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("mode", [True, "last"])
+def test_hidden_states_of_speculative_servers_that_return_other_ones_are_refused(tmp_path, mode):
+    dflash = speculative_manager("DFLASH", str(TINY_EAGLE3.parent / "tiny-kimi-k2.6-dflash"))
+    with pytest.raises(ValueError, match="not served with DFLASH speculative decoding, which returns an empty list"):
+        validate_request(dflash, request(return_hidden_states=mode), [1, 2])
+    for name, use_aux in [("embedded", "as shipped"), ("default", None), ("aux", True)]:
+        path = str(TINY_EAGLE3) if use_aux == "as shipped" else eagle3_drafter(tmp_path / name, use_aux)
+        with pytest.raises(ValueError, match="EAGLE3 speculative decoding, which returns the drafter's auxiliary"):
+            validate_request(speculative_manager("EAGLE3", path), request(return_hidden_states=mode), [1, 2])
+
+
+def test_hidden_states_of_servers_that_return_the_models_pass(tmp_path):
+    asked = request(return_hidden_states=True)
+    assert validate_request(speculative_manager(None), asked, [1, 2]) is None
+    assert validate_request(speculative_manager("NGRAM"), asked, [1, 2]) is None
+    final_layer = eagle3_drafter(tmp_path / "final", False)  # a drafter that reads the final hidden state
+    assert validate_request(speculative_manager("EAGLE3", final_layer), asked, [1, 2]) is None
+    assert validate_request(speculative_manager("DFLASH"), request(return_hidden_states=False), [1, 2]) is None
 
 
 def kimi_manager(language_model_only: bool):
