@@ -94,6 +94,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         when=CPU_ONLY,
     ),
     Entry(
+        "cpu-rank-thread-binding",
+        "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
+        "sglang_kimi.cpu.thread_binding:install_rank_thread_binding",
+        "upstream gap: SGLang binds each CPU rank to its SGLANG_CPU_OMP_THREADS_BIND cores only on AMX and arm64 "
+        "CPUs; elsewhere every rank runs one torch thread per core of the machine, and with --tp/--dp-size/--pp-size "
+        "above 1 the ranks' spinning OpenMP threads oversubscribe the cores. Bind the rank's threads to its cores",
+        when=CPU_ONLY,
+        needs=(
+            "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
+            "sglang.srt.distributed.bootstrap._is_cpu_amx_available",
+            "sglang.srt.distributed.bootstrap._is_cpu_arm64",
+        ),
+    ),
+    Entry(
         "cpu-dflash-record-stream",
         "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
         "sglang_kimi.cpu.fixes:install_dflash_record_stream_guard",

@@ -1,5 +1,5 @@
-"""Tensor, data and pipeline parallelism 2 on CPU: the launcher binds one core group per rank
-(``SGLANG_CPU_OMP_THREADS_BIND``, dp x tp x pp ranks), and
+"""Tensor, data and pipeline parallelism 2 on CPU: the launcher gives each of the dp x tp x pp ranks its own group
+of cores (``SGLANG_CPU_OMP_THREADS_BIND``) and every rank's scheduler process runs on its group alone, and
 the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
 TP 2 equals TP 1's, EAGLE3 trees' also with attention data parallelism (``--dp-size 2 --enable-dp-attention``:
 SGLang pads each rank's verify batch to the ranks' common size; on CPU SGLang refuses DFLASH with it); sampled
@@ -72,6 +72,7 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         assert got == ref, f"{tp2_server.config} at TP 2: prompt {i} differs from TP 1"
     state = fetch_plugin_state(tp2_server.base_url)
     assert state["failed"] == [], state
+    check_ranks_on_their_own_cores(tp2_server)
     if tp2_server.config == "dflash-tree-adaptive":
         metrics = state["spec_metrics"]
         ran = {w: n for w, n in state["adaptive"]["steps_by_width"].items() if n}
@@ -81,6 +82,18 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         pvalue, greedy_pvalue, outside = sampled_pit_pvalue(tp2_server.base_url, prompts[0], 80, 4, 0.9)
         print(f"sampled DFLASH tree at TP 2: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
+
+
+def check_ranks_on_their_own_cores(server, ranks: int = 2) -> None:
+    """Each scheduler process (one per rank) runs on its own cores: SGLang binds ranks to their
+    SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on the others (cpu/thread_binding.py)."""
+    cores = {}
+    for pid in group_members(server.pgid):
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sglang::scheduler"):
+            cores[pid] = os.sched_getaffinity(pid)
+    assert len(cores) == ranks, f"{len(cores)} scheduler processes for {ranks} ranks"
+    groups = list(cores.values())
+    assert all(not a & b for i, a in enumerate(groups) for b in groups[i + 1 :]), f"ranks share cores: {groups}"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -111,6 +124,7 @@ def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1
         assert len(per_rank) == 2 and all(m["steps"] > 0 for m in per_rank), per_rank
         merged = fetch_plugin_state(server.base_url)
         assert merged["failed"] == [] and merged["data_parallel_ranks"] == 2
+        check_ranks_on_their_own_cores(server)
         metrics = merged["spec_metrics"]
         assert metrics["steps"] == sum(m["steps"] for m in per_rank) == sum(metrics["accept_length_histogram"])
         assert metrics["drafted_per_position"][0] == metrics["steps"]
@@ -131,5 +145,6 @@ def test_pp2_greedy_equals_tp1(tmp_path_factory, tp1_outputs):
         outputs = generate_all(server.base_url, prompts[:2], 2, max_new_tokens=TOKENS)
         for i, (out, ref) in enumerate(zip(outputs, expected)):
             assert out["output_ids"] == ref, f"PP 2: prompt {i} differs from TP 1"
+        check_ranks_on_their_own_cores(server)
     finally:
         server.stop()
