@@ -105,6 +105,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
             "sglang.srt.distributed.bootstrap._is_cpu_amx_available",
             "sglang.srt.distributed.bootstrap._is_cpu_arm64",
+            "sglang.srt.distributed.bootstrap.get_parallel",
         ),
     ),
     Entry(

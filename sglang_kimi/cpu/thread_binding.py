@@ -10,7 +10,8 @@ request on each rank, against 105 tokens/s with one request on one rank.
 
 The AFTER hook binds the rank there, with the operating system and torch: every thread of the scheduler process is
 restricted to the rank's cores (``os.sched_setaffinity``; threads started later inherit it) and torch's intra-op
-pool gets one thread per core of the group. Where SGLang binds by itself (AMX, arm64) nothing is done.
+pool gets one thread per core of the group. Where SGLang binds by itself (AMX, arm64), and for a server of one rank,
+nothing is done.
 """
 
 from __future__ import annotations
@@ -55,9 +56,18 @@ def _sglang_binds_itself() -> bool:
     return bool(getattr(bootstrap, "_is_cpu_amx_available", False) or getattr(bootstrap, "_is_cpu_arm64", False))
 
 
+def _ranks() -> int:
+    """The CPU ranks SGLang starts for this server, as it counts them for the binding (dp x tp x pp)."""
+    from sglang.srt.distributed import bootstrap
+
+    parallel = bootstrap.get_parallel()
+    return parallel.dp_size * parallel.tp_size * parallel.pp_size
+
+
 def bind_rank_threads(result, *args, local_omp_cpuid=None, **kwargs):
-    """AFTER ``bootstrap._init_cpu_threads_env(*, local_omp_cpuid, dist_init_method)``."""
-    if local_omp_cpuid is None or _sglang_binds_itself():
+    """AFTER ``bootstrap._init_cpu_threads_env(*, local_omp_cpuid, dist_init_method)``. A lone rank keeps the
+    threads SGLang gives it: it shares the cores with no other rank."""
+    if local_omp_cpuid is None or _sglang_binds_itself() or _ranks() == 1:
         return None
     cores = parse_core_list(local_omp_cpuid)
     usable = set(os.sched_getaffinity(0))

@@ -57,12 +57,18 @@ def test_binding_restricts_every_thread_and_sizes_torch():
     assert result["torch"] == len(cores)
 
 
-def test_the_hook_leaves_binding_to_sglang_where_it_binds(monkeypatch):
+def test_the_hook_leaves_alone_what_sglang_binds_and_a_lone_rank(monkeypatch):
     calls = []
     monkeypatch.setattr(thread_binding, "bind_process_to_cores", calls.append)
+    monkeypatch.setattr(thread_binding, "_ranks", lambda: 2)
     monkeypatch.setattr(thread_binding, "_sglang_binds_itself", lambda: True)
     assert bind_rank_threads(None, local_omp_cpuid="0") is None
     assert calls == []
+    monkeypatch.setattr(thread_binding, "_sglang_binds_itself", lambda: False)
+    monkeypatch.setattr(thread_binding, "_ranks", lambda: 1)  # a lone rank shares its cores with no other
+    bind_rank_threads(None, local_omp_cpuid="0")
+    assert calls == []
+    monkeypatch.setattr(thread_binding, "_ranks", lambda: 2)
     monkeypatch.setattr(thread_binding, "_sglang_binds_itself", lambda: False)
     bind_rank_threads(None, local_omp_cpuid=None)  # no core group (not a CPU rank)
     assert calls == []
@@ -75,6 +81,7 @@ def test_cores_the_process_may_not_use_are_not_bound(monkeypatch, caplog):
     calls = []
     monkeypatch.setattr(thread_binding, "bind_process_to_cores", calls.append)
     monkeypatch.setattr(thread_binding, "_sglang_binds_itself", lambda: False)
+    monkeypatch.setattr(thread_binding, "_ranks", lambda: 2)
     outside = max(os.sched_getaffinity(0)) + 1
     with caplog.at_level("WARNING", logger="sglang_kimi"):
         bind_rank_threads(None, local_omp_cpuid=f"{outside}")
