@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 import requests
 from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, sampled_pit_pvalue
+from support.processes import cpu_seconds, titled
 from support.servers import launch
 
 from sglang_kimi.dp_reports import reports
@@ -87,24 +87,14 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
 def check_ranks_on_their_own_cores(server, ranks: int = 2) -> None:
     """Each scheduler process (one per rank) runs on its own cores: SGLang binds ranks to their
     SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on the others (cpu/thread_binding.py)."""
-    cores = {}
-    for pid in group_members(server.pgid):
-        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sglang::scheduler"):
-            cores[pid] = os.sched_getaffinity(pid)
-    assert len(cores) == ranks, f"{len(cores)} scheduler processes for {ranks} ranks"
-    groups = list(cores.values())
+    groups = [os.sched_getaffinity(pid) for pid in titled(group_members(server.pgid), b"sglang::scheduler")]
+    assert len(groups) == ranks, f"{len(groups)} scheduler processes for {ranks} ranks"
     assert all(not a & b for i, a in enumerate(groups) for b in groups[i + 1 :]), f"ranks share cores: {groups}"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def idle_controller_cpu(server, wait_s: float = 2.0) -> float:
     """The share of a core SGLang's data-parallel controller process uses over ``wait_s`` seconds of no requests."""
-    titles = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in group_members(server.pgid)}
-    (pid,) = [pid for pid, title in titles.items() if title.startswith(b"sglang::data_parallel_controller")]
+    (pid,) = titled(group_members(server.pgid), b"sglang::data_parallel_controller")
     before = cpu_seconds(pid)
     time.sleep(wait_s)
     return (cpu_seconds(pid) - before) / wait_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -32,3 +33,15 @@ def tagged(name: str, value: str) -> set[int]:
         if entry in variables and state != "Z":
             found.add(int(environ.parent.name))
     return found
+
+
+def titled(pids, prefix: bytes) -> list[int]:
+    """Those of ``pids`` whose command line starts with ``prefix`` (SGLang titles its processes, e.g.
+    ``sglang::scheduler``)."""
+    return [pid for pid in pids if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time ``pid`` has used so far (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
