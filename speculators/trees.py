@@ -146,6 +146,19 @@ class DraftTree:
             mask |= node[:, :, None] == slots[None, None, :]
         return mask
 
+    def node_paths(self) -> list[list[list[int]]]:
+        """Host lists [B][N]: the drafts from the root's child down to each node, the node included; the root's
+        path and padding's are empty. Example: tokens [[5, 7, 8, 9]], parents [[-1, 0, 0, 1]] ->
+        [[[], [7], [8], [7, 9]]]."""
+        tokens, parents, num_nodes = self.tokens.tolist(), self.parents.tolist(), self.num_nodes.tolist()
+        out = []
+        for row_tokens, row_parents, count in zip(tokens, parents, num_nodes):
+            paths: list[list[int]] = [[] for _ in range(self.num_slots)]
+            for node in range(1, count):  # a parent's index is below its child's: one pass in index order
+                paths[node] = [*paths[row_parents[node]], row_tokens[node]]
+            out.append(paths)
+        return out
+
     def positions(self, start: torch.Tensor) -> torch.Tensor:
         """Position ids [B, N] = start [B] + depth: the root sits at ``start``, padding too."""
         return start[:, None] + self.depths

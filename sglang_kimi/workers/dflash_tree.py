@@ -56,6 +56,7 @@ from sglang_kimi.speculators.ddtree import (
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+from sglang_kimi.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.workers.sampled_batches import sampled_result_from_rank0
 from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
@@ -148,7 +149,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
-        with verify_penalties(batch):
+        with verify_penalties(batch), exact_step():
             return self._tree_decode_step(batch, on_publish, grammar_barrier)
 
     def _tree_decode_step(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
@@ -231,6 +232,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
                 device=logits.device,
                 barrier=grammar_barrier,
             ).apply(logits)
+        apply_processors(logits, sampling_info, tree)  # custom logit processors last, each node seeing its own path
 
         # 4) Verify and commit.
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():

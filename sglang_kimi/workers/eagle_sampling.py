@@ -14,13 +14,17 @@ greedily on HIP and CPU: the switch that shows a sampling test can fail.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from sglang_kimi.hooks import hook
 from sglang_kimi.options import debug_greedy_verify
 from sglang_kimi.speculators.trees import NO_NODE, DraftTree
 from sglang_kimi.speculators.verify import verify_tree
-from sglang_kimi.workers.penalties import apply_to_eagle_verify
+from sglang_kimi.workers.custom_processors import apply_processors, has_processors
+from sglang_kimi.workers.penalties import apply_to_eagle_verify, bias_applied
 from sglang_kimi.workers.sampled_batches import (
     broadcast_from_rank0,
     plugin_verifies_sampling,
@@ -67,9 +71,14 @@ def eagle_sample_lossless(
     """AROUND ``eagle_utils.eagle_sample``: sampled batches on HIP/CPU are verified by the target-only rule over
     ``tree_batch.verify_probs``; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
     in upstream's conventions (``accept_lens`` counts the bonus). In a batch with penalties every node first gets
-    its own (``workers/penalties.py``), whoever verifies."""
+    its own (``workers/penalties.py``), and in a batch with custom logit processors each node's row is processed
+    with the request seen at the node (``workers/custom_processors.py``), which ``eagle_sample`` does not do."""
     logits = logits_output.next_token_logits  # [bs * N, V], processed in place as upstream does
-    with apply_to_eagle_verify(batch, logits, lambda: _eagle_trees(verify_input, len(batch.seq_lens))) as tree:
+    trees = lambda: _eagle_trees(verify_input, len(batch.seq_lens))  # noqa: E731 - built only when needed
+    with (
+        apply_to_eagle_verify(batch, logits, trees) as tree,
+        _processors_last(batch, logits, grammar_mask, tree, trees) as grammar_mask,
+    ):
         if not _eagle_batch_is_ours(batch, uno_target_max_top_k, watermark_state):
             return original(
                 verify_input,
@@ -81,6 +90,23 @@ def eagle_sample_lossless(
                 watermark_full_mask=watermark_full_mask,
             )
         return _verify_sampled(verify_input, batch, logits, grammar_mask, tree)
+
+
+@contextlib.contextmanager
+def _processors_last(batch, logits: torch.Tensor, grammar_mask, tree: DraftTree | None, trees) -> Iterator[object]:
+    """In a batch with custom logit processors: the logit bias and the grammar mask applied now and the processors
+    after them, per node, as the non-speculative sampler orders them; yields the grammar mask left for the rest of
+    ``eagle_sample`` (None then). ``tree``: the step's trees if the penalties built them, ``trees()`` builds them."""
+    sampling_info = batch.sampling_info
+    if not has_processors(sampling_info):
+        yield grammar_mask
+        return
+    tree = tree if tree is not None else trees()
+    with bias_applied(sampling_info, logits, tree.num_slots):
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+        apply_processors(logits, sampling_info, tree)
+        yield None
 
 
 def _eagle_trees(verify_input, bs: int) -> DraftTree:

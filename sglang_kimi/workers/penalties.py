@@ -44,6 +44,14 @@ import torch
 from sglang_kimi.hooks import hook
 from sglang_kimi.speculators.penalties import NO_STOP_TOKEN, PenaltyParams, apply_penalties, output_counts
 from sglang_kimi.speculators.trees import DraftTree, build_chain
+from sglang_kimi.workers.custom_processors import (
+    apply_processors,
+    exact_step,
+    has_processors,
+    held_back,
+    in_exact_step,
+    req_has_processor,
+)
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -158,9 +166,13 @@ def _add_bias(logits: torch.Tensor, bias: torch.Tensor | None, num_slots: int) -
 
 def _dflash_adjustments(original, *args, next_token_logits, sampling_info, draft_token_num, **kwargs):
     """AROUND ``dflash_utils.apply_dflash_verify_logits_adjustments``: in a penalised step, everything but the
-    penalties and the bias (custom logit processors); the bias is kept for :func:`apply_exact_penalties`."""
+    penalties and the bias; the bias is kept for :func:`apply_exact_penalties`. Custom logit processors are held
+    back in a DFLASH step: the step applies them last, per node (``workers/custom_processors.py``)."""
     step = _STEP.get() if sampling_info is not None else None
-    with _without_penalties(sampling_info) if step is not None else contextlib.nullcontext() as bias:
+    with (
+        _without_penalties(sampling_info) if step is not None else contextlib.nullcontext() as bias,
+        held_back(sampling_info),
+    ):
         if step is not None:
             step.bias = bias
         return original(
@@ -184,8 +196,9 @@ def apply_exact_penalties(logits: torch.Tensor, tree: DraftTree) -> None:
 
 
 def _dflash_forward(original, worker, batch, *args, **kwargs):
-    """AROUND ``DFlashWorkerV2.forward_batch_generation``: the step's penalties for the hooks below."""
-    with verify_penalties(batch):
+    """AROUND ``DFlashWorkerV2.forward_batch_generation``: the step's penalties and custom logit processors for the
+    hooks below."""
+    with verify_penalties(batch), exact_step():
         return original(worker, batch, *args, **kwargs)
 
 
@@ -197,11 +210,15 @@ def _dflash_can_skip_verify_logits(original, worker, batch, sampling_info, *args
 
 
 def _dflash_accept_block(original, worker, *args, candidates, next_token_logits, **kwargs):
-    """AROUND ``DFlashWorkerV2._accept_block``: the chain's exact penalties before acceptance. candidates [bs, B]:
-    the root (the last committed token) then the block's drafts; next_token_logits [bs * B, V]."""
-    if _STEP.get() is not None and next_token_logits is not None:
+    """AROUND ``DFlashWorkerV2._accept_block``: the chain's exact penalties, then its custom logit processors, before
+    acceptance. candidates [bs, B]: the root (the last committed token) then the block's drafts; next_token_logits
+    [bs * B, V]."""
+    sampling_info = kwargs.get("sampling_info")
+    penalised, processed = _STEP.get() is not None, in_exact_step() and has_processors(sampling_info)
+    if (penalised or processed) and next_token_logits is not None:
         chain = build_chain(candidates[:, 0].long(), candidates[:, 1:].long())
         apply_exact_penalties(next_token_logits, chain)
+        apply_processors(next_token_logits, sampling_info, chain)
     return original(worker, *args, candidates=candidates, next_token_logits=next_token_logits, **kwargs)
 
 
@@ -237,14 +254,27 @@ def apply_to_eagle_verify(batch, logits: torch.Tensor, tree_of) -> Iterator[Draf
         yield tree
 
 
+@contextlib.contextmanager
+def bias_applied(sampling_info, logits: torch.Tensor, num_slots: int) -> Iterator[None]:
+    """The logit bias added to logits [B * N, V] now, and hidden with the penalties from the rest of the verify: for
+    an EAGLE verify that applies something after the bias (custom logit processors). Inside
+    :func:`apply_to_eagle_verify` the bias is already applied and hidden, and this adds nothing."""
+    with _without_penalties(sampling_info) as bias:
+        _add_bias(logits, bias, num_slots)
+        yield
+
+
 # -- the synchronous path -------------------------------------------------------------------------------------------
 
 
 def _needs_sync(original, batch, *args, **kwargs) -> bool:
-    """AROUND ``ScheduleBatch.grammar_needs_sync``: also a speculative batch in which a request has a penalty."""
+    """AROUND ``ScheduleBatch.grammar_needs_sync``: also a speculative batch in which a request has a penalty or a
+    custom logit processor (both read the committed outputs in the verify)."""
     if original(batch, *args, **kwargs):
         return True
-    return not batch.spec_algorithm.is_none() and any(has_penalties(req.sampling_params) for req in batch.reqs)
+    return not batch.spec_algorithm.is_none() and any(
+        has_penalties(req.sampling_params) or req_has_processor(req) for req in batch.reqs
+    )
 
 
 def install_penalty_sync(target: str):
