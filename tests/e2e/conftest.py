@@ -10,8 +10,9 @@ from sglang_kimi.server import group_alive
 def tiny_server(tmp_path_factory):
     """The non-speculative reference: SGLang's synchronous scheduler, which counts every output token for penalties
     before the next one is sampled (its overlap scheduler counts each one step late; docs/verification.md). Without
-    penalties both give the same tokens; the demo serves the overlap scheduler."""
-    server = launch(tmp_path_factory, "tiny", ["--disable-overlap-schedule"])
+    penalties both give the same tokens; the demo serves the overlap scheduler. It takes custom logit processors,
+    the reference of the speculative servers' processed requests."""
+    server = launch(tmp_path_factory, "tiny", ["--disable-overlap-schedule", "--enable-custom-logit-processor"])
     yield server
     server.stop()
     assert not group_alive(server.pgid), "the server left processes behind"

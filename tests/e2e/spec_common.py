@@ -32,11 +32,12 @@ MAX_NEW_TOKENS = 64
 DFLASH_TREE = [
     "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
     "--speculative-dflash-tree-budget", "32",
-    "--enable-custom-logit-processor",  # test_reliability's matrix sends processors
+    "--enable-custom-logit-processor",  # test_reliability's matrix and test_cpu_spec_decoding send processors
 ]  # fmt: skip
 EAGLE3_TREE = [
     "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+    "--enable-custom-logit-processor",
 ]  # fmt: skip
 SHARED_TREES = {"dflash-tree-32": DFLASH_TREE, "eagle3-tree": EAGLE3_TREE}
 
@@ -65,8 +66,11 @@ def generate(
     prompt,
     max_new_tokens: int = MAX_NEW_TOKENS,
     logprobs: bool = False,
+    processor: str | None = None,
     **sampling,
 ) -> dict:
+    """One greedy request (unless ``sampling`` says otherwise); ``processor``: a serialized custom logit processor
+    (``support.processors``), its ``custom_params`` among ``sampling``."""
     key = "input_ids" if isinstance(prompt, list) else "text"
     body = {
         key: prompt,
@@ -78,6 +82,8 @@ def generate(
     }
     if logprobs:
         body["return_logprob"] = True
+    if processor is not None:
+        body["custom_logit_processor"] = processor
     response = requests.post(url + "/generate", json=body, timeout=1800)
     response.raise_for_status()
     return response.json()

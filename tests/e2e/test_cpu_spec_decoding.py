@@ -11,6 +11,10 @@
 - Penalties (repetition, frequency and presence, min_new_tokens, mixed with a logit bias): every configuration's
   greedy tokens equal those of SGLang's synchronous non-speculative scheduler (the session's reference server),
   requests with different penalties sharing batches.
+- Custom logit processors that read the request's output so far (only one token from the 10th on; never the
+  previous token): every configuration's greedy tokens equal the non-speculative server's, requests with and
+  without processors sharing batches. Without the plugin's per-node processing the DFLASH chain and tree differ on
+  15 and 16 of 16 requests, EAGLE3 (which applied no processor) on 9.
 - Concurrency beyond 8 (200 mixed requests, streams dropped) is ``test_reliability.py``'s, on the same trees.
 - Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
   target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
@@ -48,6 +52,7 @@ from spec_common import (
     shared_tree_server,
     spec_metrics,
 )
+from support.processors import serialized
 from support.servers import launch as launch_server
 
 from sglang_kimi.server import (
@@ -67,12 +72,14 @@ DFLASH = [
     "DFLASH",
     "--speculative-draft-model-path",
     str(TRAINED_DFLASH),
+    "--enable-custom-logit-processor",
 ]
 EAGLE3 = [
     "--speculative-algorithm",
     "EAGLE3",
     "--speculative-draft-model-path",
     str(TRAINED_EAGLE3),
+    "--enable-custom-logit-processor",
 ]
 
 
@@ -192,6 +199,52 @@ def test_penalised_greedy_output_equals_non_speculative(spec_server, prompts, pe
     for (name, i), out in zip(jobs, outputs):
         if name != "none":
             assert out["output_ids"] == penalised_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
+
+
+# -- custom logit processors --------------------------------------------------------------------------------------
+
+# name -> (processor, its custom_params): rules that read the request's output so far, as a thinking budget does
+PROCESSED = {
+    "only token 13 from the 10th on": ("ForceAfter", {"after": 10, "token": 13}),
+    "never the previous token": ("NoRepeat", {}),
+}
+
+
+def generate_processed(url: str, prompt, name: str) -> dict:
+    processor, params = PROCESSED[name]
+    return generate(url, prompt, processor=serialized(processor), custom_params=params)
+
+
+@pytest.fixture(scope="module")
+def processed_reference(tiny_server, prompts):
+    """Non-speculative greedy outputs under each processor."""
+    return {
+        name: [generate_processed(tiny_server.base_url, p, name)["output_ids"] for p in prompts[:4]]
+        for name in PROCESSED
+    }
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_custom_logit_processors_see_each_draft_position_s_own_output(spec_server, prompts, processed_reference):
+    """A processor that reads ``req.output_ids`` judges every draft position with the outputs before it: the
+    greedy tokens equal the non-speculative ones (SGLang's DFLASH verify showed every position the committed
+    outputs only, and EAGLE's applied no processor), requests with and without processors sharing batches."""
+    jobs = [(name, i) for name in PROCESSED for i in range(4)] + [(None, i) for i in range(4)]
+    url = spec_server.base_url
+
+    def run(job):
+        name, i = job
+        return generate_processed(url, prompts[i], name) if name else generate(url, prompts[i])
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outputs = list(pool.map(run, jobs))
+    for (name, i), out in zip(jobs, outputs):
+        if name is not None:
+            assert out["output_ids"] == processed_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
+    forced = [
+        out["output_ids"][10:] for (name, _), out in zip(jobs, outputs) if name == "only token 13 from the 10th on"
+    ]
+    assert all(tail and set(tail) == {13} for tail in forced), "the forcing processor did not act"
 
 
 PROMETHEUS_LINE = re.compile(r'^sglang_kimi:spec_accepted_per_position_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')

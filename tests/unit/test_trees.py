@@ -41,6 +41,7 @@ def check_tree(tree: DraftTree) -> None:
     first_child, next_sibling = tree.retrieve_next_token(), tree.retrieve_next_sibling()
     start = torch.arange(batch) * 3 + 5
     positions = tree.positions(start)
+    paths = tree.node_paths()
     assert tree.retrieve_index().tolist() == [[b * slots + i for i in range(slots)] for b in range(batch)]
     for b in range(batch):
         n = int(tree.num_nodes[b])
@@ -55,6 +56,8 @@ def check_tree(tree: DraftTree) -> None:
             assert mask[b, i].nonzero().flatten().tolist() == sorted(seen)
             assert int(tree.depths[b, i]) == depth <= tree.max_depth
             assert int(positions[b, i]) == int(start[b]) + depth
+            drafts = [int(tree.tokens[b, j]) for j in sorted(seen) if j != 0] if i < n else []  # root to i, root out
+            assert paths[b][i] == drafts
             walked, child = [], int(first_child[b, i])
             while child != NO_NODE:
                 walked.append(child)
@@ -86,6 +89,7 @@ def test_docstring_example() -> None:
     assert tree.positions(torch.tensor([7])).tolist() == [[7, 8, 8, 9, 7]]
     assert tree.retrieve_next_token().tolist() == [[1, 3, -1, -1, -1]]
     assert tree.retrieve_next_sibling().tolist() == [[-1, 2, -1, -1, -1]]
+    assert tree.node_paths() == [[[], [1], [2], [1, 3], []]]
     assert tree.ancestor_mask()[0].int().tolist() == [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
