@@ -14,7 +14,8 @@
 - Custom logit processors that read the request's output so far (only one token from the 10th on; never the
   previous token): every configuration's greedy tokens equal the non-speculative server's, requests with and
   without processors sharing batches. Without the plugin's per-node processing the DFLASH chain and tree differ on
-  15 and 16 of 16 requests, EAGLE3 (which applied no processor) on 9.
+  15 and 16 of 16 requests, EAGLE3 (which applied no processor) on 9. Sampled, the same processors: the forced
+  tokens are the only ones drawn, and no token follows itself.
 - Concurrency beyond 8 (200 mixed requests, streams dropped) is ``test_reliability.py``'s, on the same trees.
 - Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
   target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
@@ -245,6 +246,16 @@ def test_custom_logit_processors_see_each_draft_position_s_own_output(spec_serve
         out["output_ids"][10:] for (name, _), out in zip(jobs, outputs) if name == "only token 13 from the 10th on"
     ]
     assert all(tail and set(tail) == {13} for tail in forced), "the forcing processor did not act"
+
+    # sampled (temperature 1): only what the processors allow is drawn, at every draft position
+    for i in range(2):
+        forced = generate(url, prompts[i], processor=serialized("ForceAfter"), temperature=1.0,
+                          custom_params={"after": 10, "token": 13})["output_ids"]  # fmt: skip
+        assert forced[10:] and set(forced[10:]) == {13}, f"{spec_server.config}, sampled: {forced}"
+        tokens = generate(url, prompts[i], processor=serialized("NoRepeat"), temperature=1.0, custom_params={})
+        tokens = tokens["output_ids"]
+        repeats = [j for j in range(1, len(tokens)) if tokens[j] == tokens[j - 1]]
+        assert not repeats, f"{spec_server.config}, sampled: a token repeated at {repeats}: {tokens}"
 
 
 PROMETHEUS_LINE = re.compile(r'^sglang_kimi:spec_accepted_per_position_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')
