@@ -162,7 +162,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "(tree_speculative_sampling_target_only is CUDA-only), so EAGLE trees there follow the target's argmax, not "
         "its distribution; verify them with the plugin's target-only tree rule (Triton on GPU, torch on CPU). "
         "Also, on every device: eagle_sample adds the step start's penalties to every node and SGLang counts only "
-        "each step's last token; in a penalised batch each node gets the penalties of its own output sequence",
+        "each step's last token; in a penalised batch each node gets the penalties of its own output sequence. "
+        "eagle_sample applies no custom logit processor: each node's row gets the batch's processors, with the "
+        "request seen at the node (its outputs and the drafts on the node's path)",
     ),
     Entry(
         "lossless-dflash-sampling",
@@ -185,7 +187,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "upstream bug: DFLASH verify skips frequency / presence / repetition penalties and min_new_tokens under the "
         "overlap scheduler (and applies the step start's additive ones to every position otherwise), so greedy "
         "outputs differ from non-speculative decoding; in a penalised step, each position gets the penalties of "
-        "its own output sequence (chains here, trees in the plugin's worker)",
+        "its own output sequence (chains here, trees in the plugin's worker). Custom logit processors are called "
+        "with the committed outputs for every position; in a DFLASH step each position's row is processed last, "
+        "with the request seen at the position",
         needs=(
             "sglang.srt.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
@@ -196,8 +200,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "exact-penalties-sync",
         "sglang.srt.managers.schedule_batch.ScheduleBatch.grammar_needs_sync",
         "sglang_kimi.workers.penalties:install_penalty_sync",
-        "a speculative batch in which a request has a penalty or min_new_tokens runs the scheduler's synchronous "
-        "path (as grammar-constrained ones do), so its exact per-node penalties count the previous step's tokens",
+        "a speculative batch in which a request has a penalty, min_new_tokens or a custom logit processor runs the "
+        "scheduler's synchronous path (as grammar-constrained ones do), so its exact per-node penalties and "
+        "processors see the previous step's tokens",
     ),
     Entry(
         "deterministic-penalty-order",
