@@ -307,6 +307,15 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "freezes the collector. The post waits until the server's port accepts connections",
     ),
     Entry(
+        "weight-update-rollback",
+        "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk",
+        "sglang_kimi.weight_update:install_weight_update_rollback",
+        "upstream bug: /update_weights_from_disk records the new path before loading, so when the load fails "
+        "partway (another model's checkpoint, a drafter's say) its rollback reads the new path again and the "
+        "error ends the scheduler with part of the new weights loaded. The served checkpoint is loaded again and "
+        "the update answered as failed, with its error",
+    ),
+    Entry(
         "dp-controller-waits",
         "sglang.srt.managers.data_parallel_controller.DataParallelController.event_loop",
         "sglang_kimi.dp_controller:install_blocking_dp_controller",

@@ -7,7 +7,8 @@ do to the served tokens.
 - ``/update_weights_from_disk`` to another checkpoint: the server then gives the tokens of a server started on that
   checkpoint (the target's weights and everything derived from them at load change; the drafter keeps its own), and
   back on the original checkpoint its first tokens again. A path that is not a checkpoint is refused and changes
-  nothing.
+  nothing; so is a checkpoint whose load fails partway (the drafter's), which ended SGLang's scheduler: the plugin
+  loads the served checkpoint again (``weight-update-rollback``).
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ def test_updated_weights_serve_the_new_model(tree_server, tiny_server, other_che
 
     refused = admin(url, "/update_weights_from_disk", {"model_path": str(other_checkpoint / "missing")})
     assert refused.status_code == 400 and not refused.json()["success"]
+    assert outputs(url, prompts) == original
+    # a checkpoint that fails partway (the drafter's: names the target lacks) ended the scheduler in SGLang
+    refused = admin(url, "/update_weights_from_disk", {"model_path": str(TRAINED_DFLASH)})
+    assert refused.status_code == 400 and str(TRAINED_DFLASH) in refused.json()["message"], refused.text
+    assert "loaded again" in refused.json()["message"]
     assert outputs(url, prompts) == original
 
     updated = admin(url, "/update_weights_from_disk", {"model_path": str(other_checkpoint)})
