@@ -42,16 +42,13 @@ def update_weights_from_disk(original, updater, model_path, load_format, *args, 
         )
         updater.model_config.model_path = served_path
         try:
-            restored, message = original(updater, served_path, served_format, *args, **kwargs)
-        except Exception as again:
-            raise RuntimeError(
-                f"updating the weights from {model_path} failed ({error}), and the served weights from {served_path} "
-                f"could not be loaded again ({again}): the model holds parts of both"
-            ) from exc
+            restored, reason = original(updater, served_path, served_format, *args, **kwargs)
+        except Exception as again:  # noqa: BLE001 - reported below, with the update's error
+            restored, reason = False, again
         if not restored:
             raise RuntimeError(
                 f"updating the weights from {model_path} failed ({error}), and the served weights from {served_path} "
-                f"could not be loaded again ({message}): the model holds parts of both"
+                f"could not be loaded again ({reason}): the model holds parts of both"
             ) from exc
         return False, (
             f"Failed to update weights from {model_path}: {error}. The served weights ({served_path}) were loaded "
