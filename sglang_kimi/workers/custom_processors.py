@@ -117,7 +117,7 @@ def in_exact_step() -> bool:
 def held_back(sampling_info) -> Iterator[None]:
     """Inside :func:`exact_step`: the sampling info shows no custom logit processor (SGLang's verify adjustments
     then skip theirs); elsewhere nothing changes."""
-    if not _IN_STEP.get() or not has_processors(sampling_info):
+    if not in_exact_step() or not has_processors(sampling_info):
         yield
         return
     sampling_info.has_custom_logit_processor = False

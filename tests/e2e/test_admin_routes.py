@@ -21,7 +21,7 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TRAINED_DFLASH, generate, gsm8k_prompts, spec_metrics
+from spec_common import KIMI_CPU, TRAINED_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
 from support.servers import launch
 
 from sglang_kimi.models import tiny
@@ -68,7 +68,7 @@ def prompts():
 
 
 def outputs(url: str, prompts, max_new_tokens: int = SHORT) -> list[list[int]]:
-    return [generate(url, p, max_new_tokens, ignore_eos=True)["output_ids"] for p in prompts]
+    return [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=max_new_tokens, ignore_eos=True)]
 
 
 def admin(url: str, path: str, payload: dict) -> requests.Response:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support.processors import processor
-from support.spec_helpers import random_tree
+from support.spec_helpers import path_to_root, random_tree
 
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.workers.custom_processors import (
@@ -51,15 +51,13 @@ def batch_of(tree: DraftTree, processed: dict[int, tuple[str, dict]], layout: st
 
 def non_speculative_rows(logits: torch.Tensor, tree: DraftTree, processed, reqs) -> torch.Tensor:
     """The oracle: each real node's row processed alone, with a request whose outputs are the committed ones and
-    then the drafts from the root down to the node (walked up the parent list here)."""
+    then the drafts from the root down to the node (walked up the parent list by ``path_to_root``)."""
     n = tree.num_slots
     out = logits.clone()
     for b, (name, custom) in processed.items():
+        parents = tree.parents[b].tolist()
         for i in range(int(tree.num_nodes[b])):
-            path, node = [], i
-            while node > 0:
-                path.insert(0, int(tree.tokens[b, node]))
-                node = int(tree.parents[b, node])
+            path = [int(tree.tokens[b, node]) for node in reversed(path_to_root(parents, i)[:-1])]  # root left out
             seen = request(reqs[b].output_ids + path)
             row = logits[b * n + i : b * n + i + 1].clone()
             out[b * n + i] = processor(name)()(row, [{**custom, "__req__": seen}])[0]
