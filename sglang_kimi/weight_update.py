@@ -14,6 +14,15 @@ the update raises, it loads that checkpoint again and answers the update as fail
 the server goes on serving the weights it served before (HTTP 400 for the request). If the served checkpoint cannot
 be loaded again either, the weights are a mix of two checkpoints, and the error is raised as SGLang raised it: a
 server must not serve such a model.
+
+An update sent as soon as the last request's answer arrived could also fail after loading. The tokenizer sends it
+once no request holds its model-update lock, but the scheduler keeps the batch whose requests just finished as its
+running and last batch until its next loop iteration, and a flush before then finds it "not idle". SGLang 0.5.22+
+then answers 400 ("Weights were updated, but the cache was not flushed"): the new weights serve with the old
+weights' prefix cache, and the tokenizer still records the old path; 0.5.20-0.5.21 assert in the scheduler, which
+ends the server. Inside that lock, the AROUND hook on the tokenizer's dispatch first asks the scheduler for SGLang's
+waiting flush (``/flush_cache?timeout``), which answers once the scheduler has retired that batch, then sends the
+update. A paused engine is left to SGLang: its paused requests are the ones the update is meant to run beside.
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ import logging
 from sglang_kimi.hooks import hook
 
 logger = logging.getLogger("sglang_kimi")
+
+# How long the update waits for the scheduler to retire finished batches: one loop iteration when the lock is held
+# (a verify step on a loaded CPU is under a second); longer means requests the lock does not cover are running.
+IDLE_WAIT_S = 30.0
 
 
 def update_weights_from_disk(original, updater, model_path, load_format, *args, **kwargs):
@@ -59,5 +72,22 @@ def update_weights_from_disk(original, updater, model_path, load_format, *args, 
     return success, message
 
 
+async def update_once_idle(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND ``TokenizerManager._wait_for_model_update_from_disk(self, obj)``, called inside the model-update lock."""
+    if getattr(obj, "flush_cache", True) and not tokenizer_manager.is_pause:
+        flushed = await tokenizer_manager.flush_cache(timeout_s=IDLE_WAIT_S)
+        if not flushed.success:  # the update goes on: SGLang's own answer tells what is still running
+            logger.warning(
+                "sglang-kimi: the scheduler was not idle %.0f s into a weight update (%s); updating anyway",
+                IDLE_WAIT_S,
+                getattr(flushed, "message", "") or "requests running",
+            )
+    return await original(tokenizer_manager, obj, *args, **kwargs)
+
+
 def install_weight_update_rollback(target: str):
     hook(target, update_weights_from_disk, "AROUND")
+
+
+def install_weight_update_idle_wait(target: str):
+    hook(target, update_once_idle, "AROUND")

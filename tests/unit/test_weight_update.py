@@ -1,13 +1,17 @@
-"""The rollback of a failed ``/update_weights_from_disk`` (``sglang_kimi/weight_update.py``), around a stand-in for
-SGLang's updater that behaves as SGLang's does: it records the new path first, and its rollback reads that path."""
+"""``sglang_kimi/weight_update.py`` around stand-ins that behave as SGLang's do: the rollback of a failed
+``/update_weights_from_disk`` (the updater records the new path first, and its rollback reads that path), and the
+wait for the scheduler to retire the batch whose requests just finished before the update is sent."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi.weight_update import update_weights_from_disk
+from sglang_kimi import weight_update
+from sglang_kimi.weight_update import update_once_idle, update_weights_from_disk
 
 SERVED, OTHER = "/models/served", "/models/drafter"
 
@@ -87,3 +91,68 @@ def test_a_served_checkpoint_that_cannot_be_reloaded_is_an_error(served):
     with pytest.raises(RuntimeError, match="the model holds parts of both") as raised:
         update(updater, OTHER)
     assert OTHER in str(raised.value) and SERVED in str(raised.value)
+
+
+class Scheduler:
+    """SGLang's scheduler as a weight update sees it: the batch whose requests finished last stays its running batch
+    until the next loop iteration (``steps_to_idle`` of them); a flush before that is refused, and the update's flush
+    after loading with it. ``flush_cache(timeout_s)`` is SGLang's waiting flush."""
+
+    def __init__(self, steps_to_idle=1, paused=False):
+        self.steps_to_idle, self.is_pause, self.events = steps_to_idle, paused, []
+
+    async def loop(self):
+        while self.steps_to_idle > 0:
+            await asyncio.sleep(0.01)
+            self.steps_to_idle -= 1
+
+    async def flush_cache(self, timeout_s=None):
+        self.events.append(("flush", timeout_s))
+        deadline = asyncio.get_running_loop().time() + (timeout_s or 0.0)
+        while self.steps_to_idle > 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        return SimpleNamespace(success=self.steps_to_idle == 0, message="Timed out waiting for idle state.")
+
+    async def sglang_update(self, manager, obj):
+        """``_wait_for_model_update_from_disk``: the scheduler loads, then flushes at once (refused while not idle)."""
+        self.events.append(("update", obj.model_path))
+        flushed = not obj.flush_cache or self.steps_to_idle == 0
+        return flushed, "Succeeded to update model weights." if flushed else "the cache was not flushed", 0
+
+
+def run_update(scheduler, hooked=True, flush_cache=True):
+    obj = SimpleNamespace(model_path=OTHER, flush_cache=flush_cache)
+
+    async def main():
+        loop = asyncio.create_task(scheduler.loop())
+        if hooked:
+            result = await update_once_idle(scheduler.sglang_update, scheduler, obj)
+        else:
+            result = await scheduler.sglang_update(scheduler, obj)
+        await loop
+        return result
+
+    return asyncio.run(main())
+
+
+def test_an_update_right_after_the_last_answer_waits_for_the_finished_batch():
+    assert not run_update(Scheduler(), hooked=False)[0]  # SGLang alone: loaded, then the flush refused
+    scheduler = Scheduler(steps_to_idle=3)
+    assert run_update(scheduler) == (True, "Succeeded to update model weights.", 0)
+    assert scheduler.events == [("flush", weight_update.IDLE_WAIT_S), ("update", OTHER)]
+
+
+@pytest.mark.parametrize("field", ["paused", "no flush"])
+def test_a_paused_engine_or_an_update_without_a_flush_is_sent_at_once(field):
+    scheduler = Scheduler(steps_to_idle=0, paused=field == "paused")
+    assert run_update(scheduler, flush_cache=field != "no flush")[0]
+    assert scheduler.events == [("update", OTHER)]
+
+
+def test_an_update_that_cannot_wait_is_sent_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(weight_update, "IDLE_WAIT_S", 0.02)
+    scheduler = Scheduler(steps_to_idle=50)  # requests the update's lock does not cover
+    with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
+        success, message, _ = run_update(scheduler)
+    assert scheduler.events == [("flush", 0.02), ("update", OTHER)]
+    assert not success and "not idle" in caplog.text and "Timed out waiting for idle state." in caplog.text
