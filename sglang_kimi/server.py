@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -179,6 +178,9 @@ def _core_list(cores: list[int]) -> str:
 def sglang_env(cpu: bool) -> tuple[dict[str, str], list[str]]:
     """The environment of an SGLang process started by the plugin, and the shims put on its path."""
     env = dict(os.environ)
+    # Served from the caller's working directory (relative paths in admin requests mean what the caller means), but
+    # without it on sys.path: a source checkout holds folders named like PyPI packages (kernels, speculators, data).
+    env["PYTHONSAFEPATH"] = "1"
     shims: list[str] = []
     if cpu:
         env.update(CPU_ENV)
@@ -203,8 +205,8 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 
 
-# Paths are made absolute against the caller's working directory: the server runs in a neutral one (see
-# ServerProcess). Inputs where the path exists (a hub id, a template name stay as given); outputs always.
+# Paths are made absolute against the caller's working directory, so that the server's arguments (in /server_info,
+# the logs) name them in full. Inputs where the path exists (a hub id, a template name stay as given); outputs always.
 MODEL_PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
 INPUT_PATH_FLAGS = MODEL_PATH_FLAGS + (
     "--config",
@@ -540,11 +542,9 @@ class ServerProcess:
         self._start()
 
     def _start(self) -> None:
-        # A neutral working directory: the repo root holds folders named like other PyPI packages.
         self.proc = subprocess.Popen(
             self.spec.argv,
             env=self.spec.env,
-            cwd=tempfile.gettempdir(),
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,

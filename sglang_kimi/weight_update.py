@@ -28,6 +28,7 @@ update. A paused engine is left to SGLang: its paused requests are the ones the 
 from __future__ import annotations
 
 import logging
+import os
 
 from sglang_kimi.hooks import hook
 
@@ -69,6 +70,11 @@ def update_weights_from_disk(original, updater, model_path, load_format, *args, 
         )
     if not success:  # refused before loading (no such checkpoint): SGLang leaves the new path recorded
         updater.model_config.model_path = served_path
+        if not os.path.exists(os.path.expanduser(model_path)):  # SGLang's message is the hub's, about a repo id
+            message = (
+                f"{message} ({model_path} is not a folder on the server: give a checkpoint folder's path, relative "
+                f"paths resolve against the server's working directory {os.getcwd()})"
+            )
     return success, message
 
 

@@ -16,6 +16,7 @@ do to the served tokens.
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -143,6 +144,7 @@ def test_updated_weights_serve_the_new_model(tree_server, tiny_server, other_che
 
     refused = admin(url, "/update_weights_from_disk", {"model_path": str(other_checkpoint / "missing")})
     assert refused.status_code == 400 and not refused.json()["success"]
+    assert "is not a folder on the server" in refused.json()["message"], refused.text
     assert outputs(url, prompts) == original
     # a checkpoint that fails partway (the drafter's: names the target lacks) ended the scheduler in SGLang
     refused = admin(url, "/update_weights_from_disk", {"model_path": str(TRAINED_DFLASH)})
@@ -154,7 +156,8 @@ def test_updated_weights_serve_the_new_model(tree_server, tiny_server, other_che
     assert updated.status_code == 200 and updated.json()["success"], updated.text
     assert outputs(url, prompts) == other
 
-    restored = admin(url, "/update_weights_from_disk", {"model_path": str(tiny.TINY_MODEL_DIR)})
+    # a relative path means what it means to the caller: the server runs in the directory it was started from
+    restored = admin(url, "/update_weights_from_disk", {"model_path": os.path.relpath(tiny.TINY_MODEL_DIR)})
     assert restored.status_code == 200 and restored.json()["success"], restored.text
     assert outputs(url, prompts) == original
 

@@ -262,7 +262,7 @@ def test_flags_of_a_config_file_count_as_given(tmp_path, monkeypatch):
     assert spec.port == 31313
     out = subprocess.run(
         [sys.executable, "-c", SGLANG_MERGE, json.dumps(argv)], env=spec.env, capture_output=True, text=True,
-        timeout=300, cwd=tempfile.gettempdir(),  # the server's working directory
+        timeout=300, cwd=tempfile.gettempdir(),  # another working directory: the paths are absolute
     )  # fmt: skip
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT=")), None)
     assert out.returncode == 0 and line, out.stderr[-3000:]
@@ -389,7 +389,7 @@ def test_gpu_launch_command_adds_no_cpu_settings(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())
     assert "--device" not in spec.argv and "--attention-backend" not in spec.argv
-    assert spec.env == dict(os.environ) and spec.shims == []
+    assert spec.env == {**os.environ, "PYTHONSAFEPATH": "1"} and spec.shims == []
 
 
 def test_gpu_launch_serves_a_checkpoint_without_image_processor_text_only(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -77,7 +78,9 @@ def test_a_failed_update_loads_the_served_checkpoint_again():
 def test_a_refused_update_leaves_the_served_path_recorded():
     """SGLang records the path of an update it refuses before loading: the next failed update's rollback read it."""
     updater = Updater(broken={OTHER}, lost={"/models/missing"})
-    assert update(updater, "/models/missing") == (False, "Failed to get weights iterator: no checkpoint")
+    success, message = update(updater, "/models/missing")
+    assert not success and message.startswith("Failed to get weights iterator: no checkpoint")
+    assert "/models/missing is not a folder on the server" in message and os.getcwd() in message
     assert updater.model_config.model_path == SERVED
     success, _ = update(updater, OTHER)
     assert not success and updater.weights == SERVED and updater.model_config.model_path == SERVED
