@@ -384,9 +384,13 @@ def _check_bench_servers(args: argparse.Namespace) -> None:
         raise EvalError("give the baseline once: --baseline-url (running) or --baseline-args (launched)")
 
 
+def _dataset(args: argparse.Namespace) -> str:
+    return args.dataset or PRESETS.get(args.preset or "", {}).get("dataset", "gsm8k")
+
+
 def _check_dataset_flags(args: argparse.Namespace) -> None:
     """Refuse a flag the chosen prompts would ignore."""
-    dataset = args.dataset or PRESETS.get(args.preset or "", {}).get("dataset", "gsm8k")
+    dataset = _dataset(args)
     if dataset != "random" and args.input_len is not None:
         raise EvalError(
             f"--input-len sets the length of random prompts, and the prompts here are {dataset} questions: "
@@ -407,6 +411,8 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     _check_dataset_flags(args)
     if args.launch_timeout is not None and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
+    if args.launch and _dataset(args) == "gsm8k":
+        gsm8k_questions(args.data_dir)  # no test.jsonl in the folder, or no hub: refused before the servers start
     with ExitStack() as stack:
         if args.launch:
             model = ["--model-path", args.model_path] if args.model_path else []

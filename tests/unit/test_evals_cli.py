@@ -298,6 +298,17 @@ def test_bench_bad_flags(capsys, tmp_path, argv, message):
     assert message in _one_error_line(err)
 
 
+def test_bench_prompts_that_cannot_load_are_refused_before_the_servers_start(capsys, monkeypatch, tmp_path):
+    """A launched Kimi server takes many minutes to start: the GSM8K folder is checked first."""
+    from sglang_kimi.evals import bench
+
+    monkeypatch.setattr(bench, "launch_pair", lambda *a, **k: pytest.fail("servers were started"))
+    (tmp_path / "gsm8k").mkdir()
+    code, err = _run(capsys, "bench", "--launch", "--data-dir", str(tmp_path / "gsm8k"), "--output-dir", str(tmp_path))
+    assert code == 2
+    assert "has no test.jsonl" in _one_error_line(err)
+
+
 def test_bench_output_len_and_context_checked_against_the_server(capsys, tmp_path):
     with serve(sglang_payloads()) as a:
         code, err = _run(
