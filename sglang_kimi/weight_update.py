@@ -70,9 +70,9 @@ def update_weights_from_disk(original, updater, model_path, load_format, *args, 
         )
     if not success:  # refused before loading (no such checkpoint): SGLang leaves the new path recorded
         updater.model_config.model_path = served_path
-        if not os.path.exists(os.path.expanduser(model_path)):  # SGLang's message is the hub's, about a repo id
+        if not os.path.isdir(os.path.expanduser(model_path)):  # SGLang's message is the hub's, about a repo id
             message = (
-                f"{message} ({model_path} is not a folder on the server: give a checkpoint folder's path, relative "
+                f"{message} ({model_path!r} is not a folder on the server: give a checkpoint folder's path, relative "
                 f"paths resolve against the server's working directory {os.getcwd()})"
             )
     return success, message

@@ -80,10 +80,19 @@ def test_a_refused_update_leaves_the_served_path_recorded():
     updater = Updater(broken={OTHER}, lost={"/models/missing"})
     success, message = update(updater, "/models/missing")
     assert not success and message.startswith("Failed to get weights iterator: no checkpoint")
-    assert "/models/missing is not a folder on the server" in message and os.getcwd() in message
+    assert "'/models/missing' is not a folder on the server" in message and os.getcwd() in message
     assert updater.model_config.model_path == SERVED
     success, _ = update(updater, OTHER)
     assert not success and updater.weights == SERVED and updater.model_config.model_path == SERVED
+
+
+def test_an_update_to_a_file_says_a_folder_is_wanted(tmp_path):
+    weights = tmp_path / "model.safetensors"  # the weights file instead of its checkpoint folder
+    weights.write_bytes(b"")
+    success, message = update(Updater(lost={str(weights)}), str(weights))
+    assert not success and f"{str(weights)!r} is not a folder on the server" in message
+    success, message = update(Updater(lost={str(tmp_path)}), str(tmp_path))  # a folder SGLang could not read
+    assert not success and "is not a folder" not in message
 
 
 @pytest.mark.parametrize("served", ["lost", "broken"])
