@@ -321,7 +321,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.weight_update:install_weight_update_idle_wait",
         "upstream race: /update_weights_from_disk sent right after the last request finished reaches the scheduler "
         "while it still holds that finished batch; the flush after loading is refused (0.5.22+: HTTP 400, new "
-        "weights served with the old prefix cache; 0.5.20-0.5.21: an assert ends the scheduler). The update waits "
+        "weights served with the old prefix cache; 0.5.20: an assert ends the scheduler). The update waits "
         "for SGLang's waiting flush first, inside the tokenizer's model-update lock",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._wait_for_model_update_from_disk",

@@ -19,7 +19,7 @@ An update sent as soon as the last request's answer arrived could also fail afte
 once no request holds its model-update lock, but the scheduler keeps the batch whose requests just finished as its
 running and last batch until its next loop iteration, and a flush before then finds it "not idle". SGLang 0.5.22+
 then answers 400 ("Weights were updated, but the cache was not flushed"): the new weights serve with the old
-weights' prefix cache, and the tokenizer still records the old path; 0.5.20-0.5.21 assert in the scheduler, which
+weights' prefix cache, and the tokenizer still records the old path; 0.5.20 asserts in the scheduler, which
 ends the server. Inside that lock, the AROUND hook on the tokenizer's dispatch first asks the scheduler for SGLang's
 waiting flush (``/flush_cache?timeout``), which answers once the scheduler has retired that batch, then sends the
 update. A paused engine is left to SGLang: its paused requests are the ones the update is meant to run beside.
