@@ -215,13 +215,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_gsm8k(args: argparse.Namespace) -> int:
     from sglang_kimi.evals import report
     from sglang_kimi.evals.gsm8k import check_generation_fits, run_gate
-    from sglang_kimi.evals.gsm8k_task import task_spec
+    from sglang_kimi.evals.gsm8k_task import check_stock_data, task_spec
     from sglang_kimi.evals.servers import LAUNCH_TIMEOUT, check_same_model, launch_pair, probe, split_args
 
     cfg = _gate_config(args)
     _check_eval_servers(args)
     out_dir = Path(args.output_dir) if args.output_dir else _default_out("eval")
     check_output_dir(out_dir)
+    if args.launch and not args.data_dir:
+        check_stock_data()  # launched servers take minutes to start: lm-eval's data set is checked first
     with ExitStack() as stack:
         # --data-dir: the task YAML is rendered into a temporary folder; its text goes into the JSON report
         task = task_spec(args.data_dir, stack.enter_context(tempfile.TemporaryDirectory()) if args.data_dir else None)

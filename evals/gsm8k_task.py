@@ -91,3 +91,16 @@ def task_spec(data_dir: str | Path | None, out_dir: str | Path | None = None) ->
     if data_dir is None:
         return TaskSpec(name=STOCK_TASK, include_path=None)
     return render_local_task(data_dir, out_dir)
+
+
+def check_stock_data() -> None:
+    """The stock task's data set (lm-eval's ``openai/gsm8k``, ``main``) loads here: asked before servers start."""
+    try:
+        import datasets
+
+        datasets.load_dataset("openai/gsm8k", "main")
+    except Exception as exc:
+        raise EvalError(
+            f"cannot load the gsm8k data set openai/gsm8k ({type(exc).__name__}): on an offline machine pass "
+            "--data-dir with GSM8K's train.jsonl and test.jsonl"
+        ) from None

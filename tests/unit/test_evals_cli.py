@@ -202,6 +202,23 @@ def test_eval_launch_timeout_refused_before_the_servers_start(capsys, monkeypatc
     assert "--launch-timeout -1.0: give a number of seconds above 0" in _one_error_line(err)
 
 
+def test_eval_launch_without_the_data_set_refused_before_the_servers_start(capsys, monkeypatch, tmp_path):
+    """Offline and without --data-dir, lm-eval would fail once both (slow to start) servers are up."""
+    import datasets
+
+    from sglang_kimi.evals import servers
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no route to the hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr(servers, "launch_pair", lambda *a, **k: pytest.fail("servers were started"))
+    code, err = _run(capsys, "eval", "gsm8k", "--launch", "--output-dir", str(tmp_path / "out"))
+    assert code == 2
+    assert "cannot load the gsm8k data set openai/gsm8k (ConnectionError)" in _one_error_line(err)
+    assert "--data-dir" in _one_error_line(err)
+
+
 def test_eval_needs_two_servers_or_launch(capsys):
     code, err = _run(capsys, "eval", "gsm8k", "--baseline", "http://127.0.0.1:1")
     assert code == 2 and "--candidate" in _one_error_line(err)
