@@ -85,6 +85,11 @@ def check_load(input_len: int | None, output_len: int | None, num_prompts: int |
         raise EvalError(f"--warmup-requests {warmup}: give 0 or more")
 
 
+def _dataset(args: argparse.Namespace) -> str:
+    """The prompts' data set: the flag, else the preset's, else GSM8K."""
+    return args.dataset or PRESETS.get(args.preset or "", {}).get("dataset", "gsm8k")
+
+
 def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
     """Flags > preset > device defaults (CPU when the server reports ``device: cpu``)."""
     cpu = server.device == "cpu"
@@ -93,7 +98,7 @@ def resolve_config(args: argparse.Namespace, server: Server) -> BenchConfig:
     pick = lambda flag, key: flag if flag is not None else preset.get(key, defaults.get(key))  # noqa: E731
     cfg = BenchConfig(
         concurrency=parse_concurrency(args.concurrency) if args.concurrency else list(defaults["concurrency"]),
-        dataset=args.dataset or preset.get("dataset", "gsm8k"),
+        dataset=_dataset(args),
         input_len=pick(args.input_len, "input_len"),
         output_len=pick(args.output_len, "output_len"),
         num_prompts=args.num_prompts,
@@ -242,8 +247,8 @@ def _server_info(url: str) -> dict:
     return requests.get(url + "/server_info", timeout=60, headers=auth_headers()).json()
 
 
-def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[dict]:
-    """Every concurrency level against one server."""
+def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str, questions: list[str] | None) -> list[dict]:
+    """Every concurrency level against one server (``questions``: GSM8K's, for ``cfg.dataset`` gsm8k)."""
     from sglang_kimi.evals import sglang_bench
 
     serving = sglang_bench.import_serving()
@@ -254,7 +259,6 @@ def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str) -> list[d
         raise EvalError(
             f"cannot load the tokenizer {tokenizer_path} ({type(exc).__name__}): pass --tokenizer PATH"
         ) from None
-    questions = gsm8k_questions(cfg.data_dir) if cfg.dataset == "gsm8k" else None
     rows_by_level = {c: make_rows(serving, tokenizer, cfg, c, questions) for c in cfg.concurrency}
     for rows in rows_by_level.values():  # every level checked before the first one runs
         check_rows_fit(rows, cfg.output_len, server)
@@ -384,10 +388,6 @@ def _check_bench_servers(args: argparse.Namespace) -> None:
         raise EvalError("give the baseline once: --baseline-url (running) or --baseline-args (launched)")
 
 
-def _dataset(args: argparse.Namespace) -> str:
-    return args.dataset or PRESETS.get(args.preset or "", {}).get("dataset", "gsm8k")
-
-
 def _check_dataset_flags(args: argparse.Namespace) -> None:
     """Refuse a flag the chosen prompts would ignore."""
     dataset = _dataset(args)
@@ -411,8 +411,8 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
     _check_dataset_flags(args)
     if args.launch_timeout is not None and not 0 < args.launch_timeout < math.inf:
         raise EvalError(f"--launch-timeout {args.launch_timeout}: give a number of seconds above 0")
-    if args.launch and _dataset(args) == "gsm8k":
-        gsm8k_questions(args.data_dir)  # no test.jsonl in the folder, or no hub: refused before the servers start
+    # loaded once for both servers; with --launch before they start (no test.jsonl in the folder, or no hub: refused)
+    questions = gsm8k_questions(args.data_dir) if args.launch and _dataset(args) == "gsm8k" else None
     with ExitStack() as stack:
         if args.launch:
             model = ["--model-path", args.model_path] if args.model_path else []
@@ -430,8 +430,10 @@ def run_bench_command(args: argparse.Namespace, out_dir: Path) -> int:
         if baseline:
             check_same_model(baseline, server)
         cfg = resolve_config(args, server)
-        levels = sweep(server, cfg, out_dir, "server")
-        base_levels = sweep(baseline, cfg, out_dir, "baseline") if baseline else None
+        if cfg.dataset == "gsm8k" and questions is None:
+            questions = gsm8k_questions(cfg.data_dir)
+        levels = sweep(server, cfg, out_dir, "server", questions)
+        base_levels = sweep(baseline, cfg, out_dir, "baseline", questions) if baseline else None
     data = {
         "config": asdict(cfg),
         "server": server.summary(),
