@@ -6,16 +6,17 @@
 #   moe      bench/bench_kernels.py moe (SGLang's fused MoE with the plugin's tables; sgl_kernel: the plugin's shim);
 #   sweep    bench/sweep_tree_attention.py (launch parameters of the tree attention kernel);
 #   imports  every SGLang serving module imported on the GPU, each failure listed;
-#   serve    the tiny model served autoregressively (triton attention, pytorch sampler), one greedy request.
+#   serving  the torch stand-ins for sgl_kernel's ops on the GPU, then the tiny model served in every mode
+#            (scripts/gpu_serve_check.py, SERVE_ARGS: its arguments): parity with autoregressive, tokens/s, tau.
 # STEPS (comma list) picks steps, default all but sweep; install always runs. Each step has its own time limit;
 # a failing step does not stop the later ones. Extra arguments go to bench_kernels.py.
 #
 #   bash scripts/gpu_check.sh OUT_DIR [BENCH_ARGS...]            # from the repository root
-#   STEPS=sweep,serve bash scripts/gpu_check.sh OUT_DIR
+#   STEPS=serving SERVE_ARGS='--graphs eager' bash scripts/gpu_check.sh OUT_DIR
 set -u
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [bench_kernels.py args]}
 shift
-STEPS=,${STEPS:-pytest,bench,moe,imports,serve},
+STEPS=,${STEPS:-pytest,bench,moe,imports,serving},
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 step() { echo; echo "=== $1 ($(date +%T))"; }
@@ -79,34 +80,19 @@ sglang.srt.speculative.eagle_worker_v2 sglang.srt.layers.moe.fused_moe_triton.la
 PY
 fi
 
-if want serve; then
-    step "serve the tiny model (autoregressive, triton attention, CUDA graphs off)"
+if want serving; then
+    step "stand-in ops on the GPU (tests/gpu/test_cuda_stand_in_gpu.py)"
+    PYTHONPATH=$SHIMS:$SITE timeout 60 python3 -m pytest tests/gpu/test_cuda_stand_in_gpu.py -q -p no:cacheprovider 2>&1 |
+        tail -15
+    step "serve the tiny model: every mode, parity, tokens/s, tau (scripts/gpu_serve_check.py $SERVE_ARGS)"
     # SGLang asserts the sglang-kernel distribution's version at start-up; the shim stands in for it here
     META=$SITE/sglang_kernel-0.4.10+sglang_kimi_shim.dist-info
     mkdir -p "$META" && printf 'Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10+sglang_kimi_shim\n' >"$META/METADATA"
-    PYTHONPATH=$SHIMS:$SITE timeout 100 python3 - "$OUT" <<'PY' 2>&1 | tail -60
-import json, os, sys, time, urllib.request
-from pathlib import Path
-from sglang_kimi.server import ServerProcess, launch_command
-args = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
-        "--mem-fraction-static", "0.3", "--log-level", "info"]
-spec = launch_command(args, cpu=False)
-spec.env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-log = Path(sys.argv[1]) / "serve_ar.log"
-server = ServerProcess(spec, log_path=log)
-try:
-    t0 = time.time()
-    server.wait_ready(timeout=80)
-    print(f"ready in {time.time() - t0:.0f} s")
-    body = {"text": "Question: What is 2 + 3?\nAnswer:", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
-    req = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    print(json.loads(urllib.request.urlopen(req, timeout=60).read())["text"])
-except BaseException as exc:
-    print("serving failed:", type(exc).__name__, str(exc)[:2000])
-finally:
-    server.stop()
-print(open(log).read()[-5000:])
-PY
+    # SGLang logs each kernel it compiles at run time; the compiled modules are listed after the run
+    export SGLANG_JIT_CACHE_DEBUG=1 SGLANG_JIT_CACHE_DIR=/tmp/sglang_jit
+    # shellcheck disable=SC2086
+    PYTHONPATH=$SHIMS:$SITE timeout "${SERVE_TIMEOUT_S:-560}" python3 scripts/gpu_serve_check.py --out "$OUT/serve" \
+        ${SERVE_ARGS:-} 2>&1 | tail -${SERVE_TAIL:-80}
+    echo "compiled at run time:"; ls /tmp/sglang_jit/* 2>/dev/null | head -30
 fi
 echo; echo "=== done ($(date +%T))"

@@ -20,6 +20,7 @@ logger = logging.getLogger("sglang_kimi")
 
 ALWAYS = "always"
 CPU_ONLY = "cpu"  # only in processes started with SGLANG_USE_CPU_ENGINE=1
+CUDA_STAND_IN = "cuda without sgl_kernel"  # only on a CUDA device whose sgl_kernel is the plugin's shim
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,46 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.srt.distributed.bootstrap._is_cpu_amx_available",
             "sglang.srt.distributed.bootstrap._is_cpu_arm64",
             "sglang.srt.distributed.bootstrap.get_parallel",
+        ),
+    ),
+    Entry(
+        "cuda-stand-in-silu-and-mul",
+        "sglang.kernels.ops.activation.activation.silu_and_mul",
+        "sglang_kimi.cuda_stand_in.fixes:install_silu_and_mul",
+        "without sgl_kernel on a CUDA device: the fused MoE's silu(gate) * up is a kernel SGLang compiles at run "
+        "time, with no fallback; compute it in torch",
+        when=CUDA_STAND_IN,
+    ),
+    Entry(
+        "cuda-stand-in-router-gemm",
+        "sglang.srt.models.deepseek_common.utils.tiny_router_gemm_max_tokens",
+        "sglang_kimi.cuda_stand_in.fixes:install_no_tiny_router_gemm",
+        "without sgl_kernel on a CUDA device: on Hopper the DeepSeek router's GEMM for up to 16 tokens is a kernel "
+        "SGLang compiles at run time; take its F.linear path, as for shapes that kernel does not serve",
+        when=CUDA_STAND_IN,
+    ),
+    Entry(
+        "cuda-stand-in-tree-build",
+        "sglang.kernels.ops.speculative.tree.build_tree_kernel_efficient",
+        "sglang_kimi.cuda_stand_in.fixes:install_tree_build",
+        "without sgl_kernel on a CUDA device: EAGLE's draft-tree build is a kernel SGLang compiles at run time; "
+        "run SGLang's Triton version of it",
+        when=CUDA_STAND_IN,
+        needs=(
+            "sglang.kernels.ops.speculative.tree.build_tree_kernel_efficient",
+            "sglang.kernels.ops.speculative.spec_tree.sgl_build_tree_kernel_triton",
+        ),
+    ),
+    Entry(
+        "cuda-stand-in-tree-verify",
+        "sglang.kernels.ops.speculative.tree.verify_tree_greedy",
+        "sglang_kimi.cuda_stand_in.fixes:install_tree_verify",
+        "without sgl_kernel on a CUDA device: EAGLE's greedy tree verify is a kernel SGLang compiles at run time; "
+        "run SGLang's Triton version of it",
+        when=CUDA_STAND_IN,
+        needs=(
+            "sglang.kernels.ops.speculative.tree.verify_tree_greedy",
+            "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton",
         ),
     ),
     Entry(
@@ -518,9 +559,24 @@ def _skip_reason(entry: Entry) -> str | None:
     """Why ``entry`` does not apply in this process (None when it does)."""
     if entry.when == CPU_ONLY and os.environ.get("SGLANG_USE_CPU_ENGINE", "0").lower() not in ("1", "true"):
         return f"only when {entry.when}"
+    if entry.when == CUDA_STAND_IN and not cuda_without_sgl_kernel():
+        return f"only {entry.when}"
     if not installed_sglang_has(entry):
         return f"needs SGLang {'.'.join(map(str, entry.since))} or later"
     return None
+
+
+def cuda_without_sgl_kernel() -> bool:
+    """A CUDA device, with the plugin's ``sgl_kernel`` shim standing in for SGLang's kernels."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return False
+    try:
+        import sgl_kernel
+    except ImportError:
+        return False
+    return bool(getattr(sgl_kernel, "SHIM", False))
 
 
 def installed_sglang_has(entry: Entry) -> bool:

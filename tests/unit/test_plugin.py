@@ -9,10 +9,13 @@ import sys
 import pytest
 
 from sglang_kimi import SUPPORTED_SGLANG, plugin
+from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
 from sglang_kimi.server import sglang_env
 
 # Entries that only act on a GPU machine: on this CPU they report "skipped: <why>".
-GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"}
+GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"} | {
+    e.name for e in REGISTRATIONS if e.when == CUDA_STAND_IN
+}
 
 
 def test_table_entries_are_unique_and_resolve():
@@ -23,7 +26,7 @@ def test_table_entries_are_unique_and_resolve():
         assert module_name.startswith("sglang_kimi."), entry
         assert callable(getattr(importlib.import_module(module_name), attr)), entry
         assert entry.target.startswith(("sglang.", "os.environ", "sys.excepthook")), entry
-        assert entry.when in (plugin.ALWAYS, plugin.CPU_ONLY)
+        assert entry.when in (plugin.ALWAYS, plugin.CPU_ONLY, plugin.CUDA_STAND_IN)
         assert entry.why
 
 
@@ -75,7 +78,7 @@ def test_entries_newer_than_the_installed_sglang_skip(monkeypatch):
     for entry in newer:
         assert plugin._skip_reason(entry) == f"needs SGLang {'.'.join(map(str, entry.since))} or later"
     monkeypatch.setattr(sglang.version, "__version__", ".".join(map(str, max(e.since for e in newer))) + ".post1")
-    assert not any(plugin._skip_reason(e) for e in newer if e.when != plugin.CPU_ONLY)
+    assert not any(plugin._skip_reason(e) for e in newer if e.when == plugin.ALWAYS)
 
 
 PROBE_TWICE = """
@@ -138,3 +141,19 @@ def test_hook_entries_name_the_target_their_install_hooks():
 
     targets = {e.name: e.target for e in plugin.REGISTRATIONS}
     assert targets["moe-verify-configs"] == HOOK_TARGET
+
+
+def test_cuda_stand_in_entries_apply_only_on_cuda_without_sgl_kernel(monkeypatch):
+    entries = [e for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN]
+    assert entries
+    monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: False)
+    assert all(plugin._skip_reason(e) == "only cuda without sgl_kernel" for e in entries)
+    monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: True)
+    assert not any(plugin._skip_reason(e) for e in entries)
+
+
+def test_no_cuda_means_no_stand_in(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert plugin.cuda_without_sgl_kernel() is False

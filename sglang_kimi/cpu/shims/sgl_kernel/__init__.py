@@ -1,26 +1,35 @@
-"""CPU stand-in for ``sgl_kernel`` (see ../README.md).
+"""Stand-in for ``sgl_kernel`` (see ../README.md).
 
-Ops with a torch implementation come from ``sglang_kimi.cpu.sgl_kernel_ops``; any other attribute or
-submodule is a placeholder that raises ``NotImplementedError`` naming the op when called.
+Ops with a torch implementation come from ``sglang_kimi.cpu.sgl_kernel_ops`` and, on a CUDA device, from
+``sglang_kimi.cuda_stand_in.ops``; any other attribute or submodule is a placeholder that raises
+``NotImplementedError`` naming the op when called.
 """
 
+import torch
+
 from sglang_kimi.cpu.placeholder_modules import install
-from sglang_kimi.cpu.sgl_kernel_ops import OPS
+from sglang_kimi.cpu.sgl_kernel_ops import OPS as CPU_OPS
+
+OPS = dict(CPU_OPS)
+if torch.cuda.is_available():
+    from sglang_kimi.cuda_stand_in.ops import OPS as CUDA_OPS
+
+    OPS.update(CUDA_OPS)
 
 __version__ = "0.0.0+sglang_kimi_cpu_shim"
 SHIM = True
 
 
 class _MissingOp:
-    """An sgl_kernel op the CPU shim does not implement."""
+    """An sgl_kernel op the shim does not implement."""
 
     def __init__(self, qualname: str):
         self._qualname = qualname
 
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"{self._qualname} is not available on CPU: sglang-kimi's sgl_kernel shim has no torch "
-            "implementation of it (this code path needs a GPU build of sgl_kernel)"
+            f"{self._qualname} is not available: sglang-kimi's sgl_kernel shim has no torch implementation of it "
+            "(this code path needs the real sgl_kernel wheel)"
         )
 
     def __getattr__(self, name: str):

@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""The embedded tiny Kimi model served by SGLang with the plugin on a GPU: greedy parity of every speculative mode
+with the autoregressive server, tokens/s at several concurrencies, and tau, with CUDA graphs off and on.
+
+Each configuration is one real server (``--attention-backend triton --sampling-backend pytorch``), started, asked,
+and stopped in turn:
+
+- parity: the demo's GSM8K questions, greedy, ``--max-new-tokens`` tokens each (``ignore_eos``), one at a time; a
+  speculative mode's tokens must equal those of the autoregressive server with the same CUDA-graph setting;
+- throughput: at each ``--concurrency`` c, 2c requests (at least 4) from c client threads; tokens/s is the
+  completion tokens over the wall time of the whole batch;
+- tau and per-position acceptance from the plugin's metrics in ``/server_info``.
+
+The script stops starting servers once less than ``--min-left-s`` of ``--deadline-s`` is left and reports the rest
+as not run; when the first autoregressive server cannot serve, it stops there (every other mode would fail the
+same way). Results: a table, ``serve-<device>-<time>.json`` and ``.png`` in ``--out``.
+
+    python scripts/gpu_serve_check.py --out /tmp/out          # on a GPU machine, SGLang and the plugin installed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from sglang_kimi.demo import gsm8k_prompt, load_questions, mode_args
+from sglang_kimi.server import ANY_PORT, fetch_plugin_state, start_server
+
+GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.3"]
+GRAPHS = {"eager": ["--disable-cuda-graph"], "graphs": ["--cuda-graph-max-bs", "32"]}
+
+
+def modes() -> dict[str, list[str]]:
+    demo = mode_args()
+    return {
+        "autoregressive": demo["autoregressive"],
+        "dflash-chain": demo["dflash-chain"],
+        "dflash-tree-8": demo["dflash-chain"] + ["--speculative-dflash-tree-budget", "8"],
+        "dflash-tree-32": demo["dflash-chain"] + ["--speculative-dflash-tree-budget", "32"],
+        "eagle3-tree": demo["eagle3-tree"],
+    }
+
+
+def generate(base_url: str, prompt: str, max_new_tokens: int) -> dict:
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+    body["sampling_params"]["ignore_eos"] = True
+    response = requests.post(base_url + "/generate", json=body, timeout=300)
+    response.raise_for_status()
+    return response.json()
+
+
+def throughput(base_url: str, prompts: list[str], concurrency: int, max_new_tokens: int) -> dict:
+    n = max(4, 2 * concurrency)
+    batch = [prompts[i % len(prompts)] for i in range(n)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        outs = list(pool.map(lambda p: generate(base_url, p, max_new_tokens), batch))
+    seconds = time.perf_counter() - start
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    return {"concurrency": concurrency, "requests": n, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+
+
+def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) -> dict:
+    row = {"config": name, "args": args}
+    t0 = time.perf_counter()
+    try:
+        with start_server(args, cpu=False, port=ANY_PORT, log_path=out / f"{name}.log", timeout=opts.ready_s) as srv:
+            row["ready_s"] = round(time.perf_counter() - t0, 1)
+            row["output_ids"] = [generate(srv.base_url, p, opts.max_new_tokens)["output_ids"] for p in prompts]
+            row["throughput"] = [throughput(srv.base_url, prompts, c, opts.max_new_tokens) for c in opts.concurrency]
+            state = fetch_plugin_state(srv.base_url)
+            metrics = state.get("spec_metrics") or {}
+            row["tau"] = metrics.get("tau")
+            row["acceptance_rate_per_position"] = metrics.get("acceptance_rate_per_position")
+            row["registrations_failed"] = state.get("failed")
+    except Exception as exc:  # one configuration's failure is a result; the log says why
+        row["error"] = f"{type(exc).__name__}: {str(exc)[-1500:]}"
+        log = out / f"{name}.log"
+        if log.exists():
+            lines = log.read_text(errors="replace").splitlines()
+            row["log_tail"] = [ln for ln in lines if "Traceback" in ln or "Error" in ln][-6:] + lines[-25:]
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def compare(rows: list[dict]) -> None:
+    """Each speculative row's parity with the autoregressive row of the same CUDA-graph setting."""
+    by_name = {r["config"]: r for r in rows}
+    for row in rows:
+        graphs, _, mode = row["config"].partition("/")
+        ref = by_name.get(f"{graphs}/autoregressive")
+        if mode == "autoregressive" or "output_ids" not in row or not ref or "output_ids" not in ref:
+            continue
+        diverged = []
+        for i, (ids, ref_ids) in enumerate(zip(row["output_ids"], ref["output_ids"])):
+            if ids[: len(ref_ids)] != ref_ids:
+                at = next((k for k, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
+                diverged.append({"prompt": i, "first_different_token": at})
+        row["equals_autoregressive"] = not diverged
+        row["diverged"] = diverged
+
+
+def print_table(rows: list[dict], concurrency: list[int]) -> None:
+    head = f"{'config':<24}{'ready s':>8}{'tau':>6}  {'= AR':<5}" + "".join(
+        f"{f'c={c} tok/s':>12}" for c in concurrency
+    )
+    print("\n" + head)
+    for row in rows:
+        if "error" in row or "skipped" in row:
+            print(f"{row['config']:<24} {row.get('skipped') or row['error'][:120]}")
+            continue
+        tau = f"{row['tau']:.2f}" if row.get("tau") else "-"
+        same = {True: "yes", False: "NO", None: "ref"}[row.get("equals_autoregressive")]
+        tps = "".join(f"{t['tok_s']:>12.1f}" for t in row["throughput"])
+        print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}")
+
+
+def plot(rows: list[dict], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    served = [r for r in rows if "throughput" in r]
+    if not served:
+        return
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    conc = [t["concurrency"] for t in served[0]["throughput"]]
+    width = 0.8 / len(served)
+    for k, row in enumerate(served):
+        ax.bar([i + k * width for i in range(len(conc))], [t["tok_s"] for t in row["throughput"]], width,
+               label=row["config"])  # fmt: skip
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(conc))], [f"concurrency {c}" for c in conc])
+    ax.set_ylabel("completion tokens/s")
+    ax.set_title(f"tiny Kimi model served by SGLang with sglang-kimi, {device}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for the logs, the JSON and the PNG")
+    p.add_argument("--graphs", default="eager,graphs", help="CUDA-graph settings in order: eager, graphs")
+    p.add_argument("--modes", default=",".join(modes()), help=f"modes in order (of {', '.join(modes())})")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--deadline-s", type=float, default=500.0, help="wall time of the whole run")
+    p.add_argument("--min-left-s", type=float, default=60.0, help="start no server with less than this left")
+    p.add_argument("--ready-s", type=float, default=150.0, help="longest wait for one server to answer /health")
+    p.add_argument("--dtype", default=None, help="--dtype for every server (default: the checkpoint's, bfloat16)")
+    opts = p.parse_args(argv)
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    opts.out.mkdir(parents=True, exist_ok=True)
+    prompts = [gsm8k_prompt(q) for q in load_questions()]
+    all_modes = modes()
+    unknown = [m for m in opts.modes.split(",") if m not in all_modes]
+    if unknown:
+        p.error(f"--modes: unknown {unknown}; choose from {list(all_modes)}")
+    start = time.perf_counter()
+    rows = []
+    for graphs in opts.graphs.split(","):
+        for mode in opts.modes.split(","):
+            name = f"{graphs}/{mode}"
+            left = opts.deadline_s - (time.perf_counter() - start)
+            if left < opts.min_left_s:
+                rows.append({"config": name, "skipped": f"not run: {left:.0f} s of the deadline left"})
+                continue
+            args = GPU_ARGS + GRAPHS[graphs] + all_modes[mode] + (["--dtype", opts.dtype] if opts.dtype else [])
+            print(f"[{time.perf_counter() - start:6.1f} s] {name} ...", flush=True)
+            row = run_config(name.replace("/", "-"), args, prompts, opts, opts.out)
+            row["config"] = name
+            rows.append(row)
+            print(f"[{time.perf_counter() - start:6.1f} s] {name}: {row.get('error', 'served')}", flush=True)
+            if "error" in row:
+                print("\n".join(row.get("log_tail", [])), flush=True)
+                if mode == "autoregressive" and not any("throughput" in r for r in rows):
+                    print("the first autoregressive server did not serve: stopping", flush=True)
+                    break
+        else:
+            continue
+        break
+    compare(rows)
+    print_table(rows, opts.concurrency)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stem = f"serve-{device.replace(' ', '_')}-{stamp}"
+    result = {"device": device, "torch": torch.__version__, "max_new_tokens": opts.max_new_tokens,
+              "dtype": opts.dtype or "checkpoint (bfloat16)", "rows": rows}  # fmt: skip
+    (opts.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    plot(rows, opts.out / f"{stem}.png", device)
+    failed = [r["config"] for r in rows if "error" in r or r.get("equals_autoregressive") is False]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""SGLang ops on the CUDA path that are compiled at run time (``sglang.kernels.jit``) and have no fallback, replaced
+by torch or by SGLang's own Triton twins, on a CUDA machine without ``sgl_kernel`` only (``plugin.py``'s
+``CUDA_STAND_IN`` entries).
+
+Other JIT ops on that path either fall back by themselves when they cannot be built (the KV store's
+``can_use_store_cache``) or sit behind SGLang's fused ops, which ``SGLANG_FORCE_FUSED_OP_BACKEND=native`` puts on
+their torch implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sglang_kimi.hooks import hook
+
+
+def silu_and_mul(
+    input: torch.Tensor,  # [num_rows, 2 * d]: gate then up
+    out: torch.Tensor | None = None,  # [num_rows, d] (written)
+    expert_ids: torch.Tensor | None = None,
+    expert_step: int = 1,
+    *,
+    sorted_token_ids: torch.Tensor | None = None,
+    num_tokens_post_padded: torch.Tensor | None = None,
+    num_valid_tokens: int = 0,
+) -> torch.Tensor:
+    """``silu(gate) * up`` in the input's dtype (SGLang's ``sglang.kernels.ops.activation.activation.silu_and_mul``).
+
+    The JIT kernel's row filters (``expert_ids``, ``sorted_token_ids``) only skip rows that the fused MoE never
+    reads (blocks of filtered experts, padding), so every row is computed here.
+    """
+    d = input.shape[-1] // 2
+    if out is None:
+        out = input.new_empty(*input.shape[:-1], d)
+    gate, up = input[..., :d], input[..., d:]
+    out.copy_(F.silu(gate.float()).mul_(up.float()))
+    return out
+
+
+def install_silu_and_mul(target: str):
+    hook(target, silu_and_mul, "REPLACE")
+
+
+def _build_tree_kernel_efficient(
+    parent_list,
+    selected_index,
+    verified_seq_len,
+    tree_mask,
+    positions,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    topk,
+    depth,
+    draft_token_num,
+    tree_mask_mode,
+):
+    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode, sgl_build_tree_kernel_triton
+
+    sgl_build_tree_kernel_triton(
+        parent_list,
+        selected_index,
+        verified_seq_len,
+        tree_mask,
+        positions,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        topk,
+        depth,
+        draft_token_num,
+        TreeMaskMode(tree_mask_mode),
+    )
+
+
+def install_tree_build(target: str):
+    """EAGLE's draft-tree build: SGLang's Triton version (the one it runs on XPU) for the JIT CUDA kernel."""
+    hook(target, _build_tree_kernel_efficient, "REPLACE")
+
+
+def _verify_tree_greedy(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+):
+    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
+
+    verify_tree_greedy_triton(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+    )
+
+
+def install_tree_verify(target: str):
+    """EAGLE's greedy tree verify: SGLang's Triton version for the JIT CUDA kernel (same keyword names)."""
+    hook(target, _verify_tree_greedy, "REPLACE")
+
+
+def no_tiny_router_gemm(*, num_experts: int, hidden_size: int, weight_dtype: torch.dtype) -> int:
+    """-1: the router's logits through ``F.linear``, SGLang's path for shapes its small JIT GEMM does not serve."""
+    return -1
+
+
+def install_no_tiny_router_gemm(target: str):
+    hook(target, no_tiny_router_gemm, "REPLACE")

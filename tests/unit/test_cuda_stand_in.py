@@ -1,0 +1,87 @@
+"""The torch stand-ins for SGLang's compiled CUDA ops (sglang_kimi.cuda_stand_in), checked on CPU tensors against
+the ops' definitions written out step by step."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_kimi.cuda_stand_in import fixes, ops
+
+
+def reference_align(topk_ids: torch.Tensor, buckets: int, block_size: int):
+    """The MoE align written out: bucket b = expert + 1 (0: filtered), buckets in order, slots in order within one,
+    each bucket padded to a multiple of block_size with the pad index numel."""
+    flat = topk_ids.reshape(-1).tolist()
+    numel = len(flat)
+    rows, experts = [], []
+    for b in range(buckets):
+        members = [i for i, e in enumerate(flat) if e + 1 == b]
+        if not members:
+            continue
+        padded = -(-len(members) // block_size) * block_size
+        rows += members + [numel] * (padded - len(members))
+        experts += [b - 1] * (padded // block_size)
+    return rows, experts
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,experts,block_size", [(1, 2, 8, 16), (7, 2, 8, 4), (33, 8, 64, 16), (5, 3, 4, 1)]
+)
+def test_moe_align_block_size_matches_its_definition(num_tokens, top_k, experts, block_size):
+    gen = torch.Generator().manual_seed(num_tokens * 131 + experts)
+    topk_ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(num_tokens)]).to(torch.int32)
+    topk_ids[0, 0] = -1  # a filtered slot
+    numel, buckets = topk_ids.numel(), experts + 1
+    max_padded = numel + buckets * (block_size - 1)
+    sorted_ids = torch.full((max_padded,), -7, dtype=torch.int32)
+    blocks = -(-max_padded // block_size)
+    expert_ids = torch.full((blocks,), -7, dtype=torch.int32)
+    total = torch.zeros(1, dtype=torch.int32)
+    cumsum = torch.zeros(buckets + 1, dtype=torch.int32)
+    ops.moe_align_block_size(topk_ids, buckets, block_size, sorted_ids, expert_ids, total, cumsum, True)
+    rows, experts_of_blocks = reference_align(topk_ids, buckets, block_size)
+    assert int(total) == len(rows)
+    assert sorted_ids[: len(rows)].tolist() == rows
+    assert (sorted_ids[len(rows) :] == numel).all()
+    assert expert_ids[: len(experts_of_blocks)].tolist() == experts_of_blocks
+    assert (expert_ids[len(experts_of_blocks) :] == -1).all()
+    assert int(cumsum[-1]) == len(rows) and int(cumsum[0]) == 0
+
+
+def test_moe_align_block_size_refuses_what_it_does_not_implement():
+    with pytest.raises(NotImplementedError, match="expert-parallel"):
+        ops.moe_align_block_size(
+            torch.zeros(1, 2, dtype=torch.int32), 9, 16, torch.empty(64, dtype=torch.int32),
+            torch.empty(4, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(10, dtype=torch.int32),
+            True, True,
+        )  # fmt: skip
+
+
+def test_moe_sum_reduce_sums_the_experts_and_scales():
+    x = torch.randn(6, 3, 10, dtype=torch.bfloat16)
+    out = torch.empty(6, 10, dtype=torch.bfloat16)
+    ops.moe_sum_reduce(x, out, 2.5)
+    torch.testing.assert_close(out, (x.float().sum(1) * 2.5).to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_silu_and_mul_writes_silu_of_the_gate_times_the_up_half():
+    x = torch.randn(5, 2 * 12)
+    out = torch.full((5, 12), float("nan"))
+    got = fixes.silu_and_mul(x, out, expert_ids=torch.zeros(1, dtype=torch.int32), expert_step=4)
+    assert got is out
+    torch.testing.assert_close(out, F.silu(x[:, :12]) * x[:, 12:], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fixes.silu_and_mul(x), out, rtol=0, atol=0)
+
+
+def test_stand_in_hooks_keep_the_signatures_of_what_they_replace():
+    import inspect
+
+    from sglang.kernels.ops.activation import activation
+    from sglang.kernels.ops.speculative import tree
+
+    for stand_in, original in [
+        (fixes.silu_and_mul, activation.silu_and_mul),
+        (fixes._build_tree_kernel_efficient, tree.build_tree_kernel_efficient),
+        (fixes._verify_tree_greedy, tree.verify_tree_greedy),
+    ]:
+        assert list(inspect.signature(stand_in).parameters) == list(inspect.signature(original).parameters)
