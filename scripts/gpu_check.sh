@@ -64,7 +64,7 @@ if want moe; then
         tail -45
 fi
 
-export SGLANG_FORCE_FUSED_OP_BACKEND=native  # SGLang's own switch: every fused op on its torch implementation
+export SGLANG_FORCE_FUSED_OP_BACKEND=torch  # SGLang's own switch: every fused op on its torch implementation
 if want imports; then
     step "SGLang serving modules on the GPU (sgl_kernel: the plugin's shim)"
     PYTHONPATH=$SHIMS:$SITE timeout 50 python3 - <<'PY' 2>&1 | grep -v Warning | tail -30
@@ -81,7 +81,7 @@ PY
 fi
 
 if want serving; then
-    step "stand-in ops on the GPU (tests/gpu/test_cuda_stand_in_gpu.py)"
+    [ "${STANDIN:-1}" = 1 ] && step "stand-in ops on the GPU (tests/gpu/test_cuda_stand_in_gpu.py)" &&
     PYTHONPATH=$SHIMS:$SITE timeout 60 python3 -m pytest tests/gpu/test_cuda_stand_in_gpu.py -q -p no:cacheprovider 2>&1 |
         tail -15
     step "serve the tiny model: every mode, parity, tokens/s, tau (scripts/gpu_serve_check.py $SERVE_ARGS)"

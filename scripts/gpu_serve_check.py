@@ -89,21 +89,23 @@ def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) 
     return row
 
 
-def compare(rows: list[dict]) -> None:
-    """Each speculative row's parity with the autoregressive row of the same CUDA-graph setting."""
-    by_name = {r["config"]: r for r in rows}
+def compare(rows: list[dict], references: list[dict] = ()) -> None:
+    """Each speculative row's parity with the autoregressive row of the same CUDA-graph setting (this run's, else a
+    reference run's; the eager one where there is none with graphs)."""
+    by_name = {r["config"]: r for r in list(references) + rows if "output_ids" in r}
     for row in rows:
         graphs, _, mode = row["config"].partition("/")
-        ref = by_name.get(f"{graphs}/autoregressive")
+        ref = by_name.get(f"{graphs}/autoregressive") or by_name.get("eager/autoregressive")
         if mode == "autoregressive" or "output_ids" not in row or not ref or "output_ids" not in ref:
             continue
         diverged = []
         for i, (ids, ref_ids) in enumerate(zip(row["output_ids"], ref["output_ids"])):
-            if ids[: len(ref_ids)] != ref_ids:
+            if ids[: len(ref_ids)] != ref_ids[: len(ids)] or len(ids) < len(ref_ids) // 2:
                 at = next((k for k, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
                 diverged.append({"prompt": i, "first_different_token": at})
         row["equals_autoregressive"] = not diverged
         row["diverged"] = diverged
+        row["reference"] = ref.get("from", "this run") + " " + ref["config"]
 
 
 def print_table(rows: list[dict], concurrency: list[int]) -> None:
@@ -154,6 +156,12 @@ def main(argv=None) -> int:
     p.add_argument("--deadline-s", type=float, default=500.0, help="wall time of the whole run")
     p.add_argument("--min-left-s", type=float, default=60.0, help="start no server with less than this left")
     p.add_argument("--ready-s", type=float, default=150.0, help="longest wait for one server to answer /health")
+    p.add_argument(
+        "--reference",
+        type=Path,
+        help="a JSON of an earlier run on the same device and settings whose autoregressive rows serve as the "
+        "reference where this run has none",
+    )
     p.add_argument("--dtype", default=None, help="--dtype for every server (default: the checkpoint's, bfloat16)")
     opts = p.parse_args(argv)
     import torch
@@ -188,7 +196,14 @@ def main(argv=None) -> int:
         else:
             continue
         break
-    compare(rows)
+    references = []
+    if opts.reference:
+        earlier = json.loads(opts.reference.read_text())
+        if earlier.get("max_new_tokens") != opts.max_new_tokens or earlier.get("device") != device:
+            print(f"--reference {opts.reference}: another device or --max-new-tokens; not used", flush=True)
+        else:
+            references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"]]
+    compare(rows, references)
     print_table(rows, opts.concurrency)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stem = f"serve-{device.replace(' ', '_')}-{stamp}"

@@ -126,6 +126,27 @@ REGISTRATIONS: tuple[Entry, ...] = (
         when=CUDA_STAND_IN,
     ),
     Entry(
+        "cuda-stand-in-renorm",
+        "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+        "sglang_kimi.cuda_stand_in.fixes:install_renorm",
+        "without FlashInfer on a CUDA device: SGLang's top-k / top-p renormalisation comes from FlashInfer, and the "
+        "DFLASH worker runs it at start-up (prewarm_sampling); renormalise in torch",
+        when=CUDA_STAND_IN,
+        needs=(
+            "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob",
+            "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+            "sglang.srt.layers.sampler.top_p_normalize_probs_torch",
+        ),
+    ),
+    Entry(
+        "cuda-stand-in-dual-gemm",
+        "sglang.srt.layers.dual_gemm.DualGemm._select_mode",
+        "sglang_kimi.cuda_stand_in.fixes:install_no_dual_gemm",
+        "without the CuTe DSL (nvidia-cutlass-dsl) on a CUDA device: SGLang's Llama MLP, the EAGLE3 drafter's, "
+        "imports its fused dual GEMM at construction (ModuleNotFoundError: cutlass); keep the two GEMMs",
+        when=CUDA_STAND_IN,
+    ),
+    Entry(
         "cuda-stand-in-tree-build",
         "sglang.kernels.ops.speculative.tree.build_tree_kernel_efficient",
         "sglang_kimi.cuda_stand_in.fixes:install_tree_build",

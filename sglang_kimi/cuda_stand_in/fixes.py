@@ -9,6 +9,8 @@ their torch implementation.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
@@ -115,3 +117,41 @@ def no_tiny_router_gemm(*, num_experts: int, hidden_size: int, weight_dtype: tor
 
 def install_no_tiny_router_gemm(target: str):
     hook(target, no_tiny_router_gemm, "REPLACE")
+
+
+def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """Each row's ``top_ks[i]`` largest probabilities (ties at the k-th kept), renormalised to sum to 1."""
+    probs_sorted = probs.sort(dim=-1, descending=True).values  # [bs, vocab]
+    k = top_ks.reshape(-1, 1).to(device=probs.device, dtype=torch.int64).clamp(1, probs.shape[-1])  # [bs, 1]
+    kept = torch.where(probs >= probs_sorted.gather(1, k - 1), probs, 0.0)  # [bs, vocab]
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """SGLang's own torch top-p renormalisation (``sampler.top_p_normalize_probs_torch``)."""
+    from sglang.srt.layers.sampler import top_p_normalize_probs_torch
+
+    return top_p_normalize_probs_torch(probs, top_ps)
+
+
+def install_renorm(target: str):
+    """SGLang takes top-k / top-p renormalisation on CUDA from FlashInfer, resolved at the first call."""
+    if importlib.util.find_spec("flashinfer") is not None:
+        return "FlashInfer is installed"
+    module = target.rpartition(".")[0]
+    hook(f"{module}.top_k_renorm_prob", top_k_renorm_prob, "REPLACE")
+    hook(f"{module}.top_p_renorm_prob", top_p_renorm_prob, "REPLACE")
+    return None
+
+
+def no_dual_gemm(self, gate_up_proj, hidden_size):
+    """None: the MLP's gate/up and down projections as two GEMMs, SGLang's path where the fused kernel is absent."""
+    return None
+
+
+def install_no_dual_gemm(target: str):
+    """SGLang's Llama MLP (the EAGLE3 drafter's) imports the CuTe DSL dual GEMM on every CUDA device."""
+    if importlib.util.find_spec("cutlass") is not None:
+        return "the CuTe DSL (cutlass) is installed"
+    hook(target, no_dual_gemm, "REPLACE")
+    return None

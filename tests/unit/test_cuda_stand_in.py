@@ -85,3 +85,35 @@ def test_stand_in_hooks_keep_the_signatures_of_what_they_replace():
         (fixes._verify_tree_greedy, tree.verify_tree_greedy),
     ]:
         assert list(inspect.signature(stand_in).parameters) == list(inspect.signature(original).parameters)
+
+
+def test_top_k_renorm_keeps_the_k_largest_of_each_row():
+    probs = torch.softmax(torch.randn(4, 50, dtype=torch.float64), dim=-1)
+    top_ks = torch.tensor([1, 3, 50, 7])
+    got = fixes.top_k_renorm_prob(probs, top_ks)
+    for row, k in zip(range(4), top_ks.tolist()):
+        idx = probs[row].topk(k).indices
+        expected = torch.zeros(50, dtype=torch.float64)
+        expected[idx] = probs[row, idx] / probs[row, idx].sum()
+        torch.testing.assert_close(got[row], expected, rtol=1e-12, atol=1e-15)
+
+
+def test_top_p_renorm_keeps_the_smallest_prefix_reaching_p(monkeypatch):
+    import sys
+    import types
+
+    # sampler.top_p_normalize_probs_torch, without importing SGLang's sampler (it needs torchvision)
+    def top_p_normalize_probs_torch(probs, top_ps):
+        probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+        probs_sort[(torch.cumsum(probs_sort, dim=-1) - probs_sort) > top_ps.view(-1, 1)] = 0.0
+        probs_sort.div_(probs_sort.sum(dim=-1, keepdim=True))
+        return torch.zeros_like(probs_sort).scatter_(-1, probs_idx, probs_sort)
+
+    monkeypatch.setitem(
+        sys.modules,
+        "sglang.srt.layers.sampler",
+        types.SimpleNamespace(top_p_normalize_probs_torch=top_p_normalize_probs_torch),
+    )
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
+    got = fixes.top_p_renorm_prob(probs, torch.tensor([0.4, 0.65], dtype=torch.float64))
+    torch.testing.assert_close(got, torch.tensor([[1.0, 0.0, 0.0], [0.0, 2 / 3, 1 / 3]], dtype=torch.float64))
