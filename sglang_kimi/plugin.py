@@ -127,14 +127,15 @@ REGISTRATIONS: tuple[Entry, ...] = (
     ),
     Entry(
         "cuda-stand-in-renorm",
-        "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+        "sglang.srt.speculative.dflash_utils._dflash_top_p_renorm_prob",
         "sglang_kimi.cuda_stand_in.fixes:install_renorm",
         "without FlashInfer on a CUDA device: SGLang's top-k / top-p renormalisation comes from FlashInfer, and the "
-        "DFLASH worker runs it at start-up (prewarm_sampling); renormalise in torch",
+        "DFLASH worker runs it at start-up (prewarm_sampling: ModuleNotFoundError: flashinfer); renormalise the "
+        "DFLASH worker's in torch",
         when=CUDA_STAND_IN,
         needs=(
-            "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob",
-            "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+            "sglang.srt.speculative.dflash_utils._dflash_top_k_renorm_prob",
+            "sglang.srt.speculative.dflash_utils._dflash_top_p_renorm_prob",
             "sglang.srt.layers.sampler.top_p_normalize_probs_torch",
         ),
     ),

@@ -157,3 +157,26 @@ def test_no_cuda_means_no_stand_in(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert plugin.cuda_without_sgl_kernel() is False
+
+
+PROBE_CUDA_STAND_IN = """
+import json
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_kimi import plugin
+plugin.cuda_without_sgl_kernel = lambda: True  # as on a CUDA machine with the plugin's sgl_kernel shim
+plugin.register_all()
+HookRegistry.apply_hooks()
+import sglang.srt.layers.dual_gemm as dual_gemm
+print("RESULT=" + json.dumps({"state": plugin.registration_state(),
+                              "dual_gemm_mode": dual_gemm.DualGemm._select_mode(None, None, 256)}))
+"""
+
+
+def test_cuda_stand_in_entries_apply_through_sglang_hooks():
+    """Each stand-in's targets exist in the installed SGLang and its hook registry applies them (a hook on a
+    lazily imported name, for one, cannot be applied: SGLang resolves it, importing what is missing)."""
+    result = _run_probe(PROBE_CUDA_STAND_IN)
+    registrations = result["state"]["registrations"]
+    stand_ins = {e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN}
+    assert {n: registrations[n] for n in stand_ins} == dict.fromkeys(stand_ins, "ok"), result
+    assert result["dual_gemm_mode"] is None
