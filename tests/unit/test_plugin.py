@@ -105,9 +105,12 @@ plugin.REGISTRATIONS = plugin.REGISTRATIONS + (
     plugin.Entry("ghost", "sglang.srt.nothing_here.fn", "sglang_kimi.plugin:_install_ghost", "test"),)
 from sglang_kimi.hooks import hook
 plugin._install_ghost = lambda target: hook(target, lambda r, *a, **k: r)
+plugin.cuda_without_sgl_kernel = lambda: True  # and as on a CUDA machine with the plugin's sgl_kernel shim
 plugin.register_all()
 HookRegistry.apply_hooks()
-print("RESULT=" + json.dumps(plugin.registration_state()))
+import sglang.srt.layers.dual_gemm as dual_gemm
+print("RESULT=" + json.dumps({"state": plugin.registration_state(),
+                              "dual_gemm_mode": dual_gemm.DualGemm._select_mode(None, None, 256)}))
 """
 
 
@@ -130,10 +133,15 @@ def test_register_is_idempotent_through_sglang_loader():
     assert result["hooks"] and result["hooks"] == result["ours"], result
 
 
-def test_hook_sglang_could_not_apply_is_reported_failed():
-    state = _run_probe(PROBE_UNAPPLIED)
-    assert "ghost" in state["failed"]
-    assert "did not apply" in state["registrations"]["ghost"]
+@pytest.fixture(scope="module")
+def unapplied_probe():
+    """One SGLang process: a hook on a target SGLang lacks, and the CUDA stand-ins forced on."""
+    return _run_probe(PROBE_UNAPPLIED)
+
+
+def test_hook_sglang_could_not_apply_is_reported_failed(unapplied_probe):
+    assert "ghost" in unapplied_probe["state"]["failed"]
+    assert "did not apply" in unapplied_probe["state"]["registrations"]["ghost"]
 
 
 def test_hook_entries_name_the_target_their_install_hooks():
@@ -159,23 +167,10 @@ def test_no_cuda_means_no_stand_in(monkeypatch):
     assert plugin.cuda_without_sgl_kernel() is False
 
 
-PROBE_CUDA_STAND_IN = """
-import json
-from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_kimi import plugin
-plugin.cuda_without_sgl_kernel = lambda: True  # as on a CUDA machine with the plugin's sgl_kernel shim
-plugin.register_all()
-HookRegistry.apply_hooks()
-import sglang.srt.layers.dual_gemm as dual_gemm
-print("RESULT=" + json.dumps({"state": plugin.registration_state(),
-                              "dual_gemm_mode": dual_gemm.DualGemm._select_mode(None, None, 256)}))
-"""
-
-
-def test_cuda_stand_in_entries_apply_through_sglang_hooks():
+def test_cuda_stand_in_entries_apply_through_sglang_hooks(unapplied_probe):
     """Each stand-in's targets exist in the installed SGLang and its hook registry applies them (a hook on a
     lazily imported name, for one, cannot be applied: SGLang resolves it, importing what is missing)."""
-    result = _run_probe(PROBE_CUDA_STAND_IN)
+    result = unapplied_probe
     registrations = result["state"]["registrations"]
     stand_ins = {e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN}
     assert {n: registrations[n] for n in stand_ins} == dict.fromkeys(stand_ins, "ok"), result
