@@ -1,9 +1,13 @@
-"""SGLang ops on the CUDA path that are compiled at run time (``sglang.kernels.jit``) and have no fallback, replaced
-by torch or by SGLang's own Triton twins, on a CUDA machine without ``sgl_kernel`` only (``plugin.py``'s
-``CUDA_STAND_IN`` entries).
+"""What SGLang's CUDA path needs from packages a machine without ``sgl_kernel`` also lacks, replaced by torch or by
+SGLang's own Triton twins, on such a machine only (``plugin.py``'s ``CUDA_STAND_IN`` entries):
+
+- ops SGLang compiles at run time (``sglang.kernels.jit``) with no fallback: the fused MoE's activation, EAGLE's
+  tree build and greedy tree verify, the router's small GEMM;
+- FlashInfer's top-k / top-p renormalisation, which the DFLASH worker runs at start-up;
+- the CuTe DSL dual GEMM, which SGLang's Llama MLP (the EAGLE3 drafter's) imports at construction.
 
 Other JIT ops on that path either fall back by themselves when they cannot be built (the KV store's
-``can_use_store_cache``) or sit behind SGLang's fused ops, which ``SGLANG_FORCE_FUSED_OP_BACKEND=native`` puts on
+``can_use_store_cache``) or sit behind SGLang's fused ops, which ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` puts on
 their torch implementation.
 """
 
