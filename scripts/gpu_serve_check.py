@@ -176,10 +176,21 @@ def main(argv=None) -> int:
     unknown = [m for m in opts.modes.split(",") if m not in all_modes]
     if unknown:
         p.error(f"--modes: unknown {unknown}; choose from {list(all_modes)}")
+    references = []
+    if opts.reference:
+        earlier = json.loads(opts.reference.read_text())
+        if earlier.get("max_new_tokens") != opts.max_new_tokens or earlier.get("device") != device:
+            print(f"--reference {opts.reference}: another device or --max-new-tokens; not used", flush=True)
+        else:
+            references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"] if "output_ids" in r]
+    modes_run = opts.modes.split(",")
+    if "autoregressive" not in modes_run and not any(r["config"] == "eager/autoregressive" for r in references):
+        modes_run.insert(0, "autoregressive")  # parity needs a reference: serve it first
+        print("no usable autoregressive reference: the autoregressive server is served first", flush=True)
     start = time.perf_counter()
     rows = []
     for graphs in opts.graphs.split(","):
-        for mode in opts.modes.split(","):
+        for mode in modes_run:
             name = f"{graphs}/{mode}"
             left = opts.deadline_s - (time.perf_counter() - start)
             if left < opts.min_left_s:
@@ -199,13 +210,6 @@ def main(argv=None) -> int:
         else:
             continue
         break
-    references = []
-    if opts.reference:
-        earlier = json.loads(opts.reference.read_text())
-        if earlier.get("max_new_tokens") != opts.max_new_tokens or earlier.get("device") != device:
-            print(f"--reference {opts.reference}: another device or --max-new-tokens; not used", flush=True)
-        else:
-            references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"]]
     compare(rows, references)
     print_table(rows, opts.concurrency)
     stamp = time.strftime("%Y%m%d-%H%M%S")
