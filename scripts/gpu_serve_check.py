@@ -99,11 +99,11 @@ def compare(rows: list[dict], references: list[dict] = ()) -> None:
     for row in rows:
         graphs, _, mode = row["config"].partition("/")
         ref = by_name.get(f"{graphs}/autoregressive") or by_name.get("eager/autoregressive")
-        if mode == "autoregressive" or "output_ids" not in row or not ref or "output_ids" not in ref:
+        if mode == "autoregressive" or "output_ids" not in row or not ref:
             continue
         diverged = []
         for i, (ids, ref_ids) in enumerate(zip(row["output_ids"], ref["output_ids"])):
-            if ids[: len(ref_ids)] != ref_ids[: len(ids)] or len(ids) < len(ref_ids) // 2:
+            if ids[: len(ref_ids)] != ref_ids:  # the demo's rule: every reference token, in order
                 at = next((k for k, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
                 diverged.append({"prompt": i, "first_different_token": at})
         row["equals_autoregressive"] = not diverged
