@@ -110,6 +110,13 @@ class TargetInfo:
 # ---------------------------------------------------------------------------------------------------------------
 
 _ARCHS = {DFLASH: DFLASH_ARCHITECTURES, EAGLE3: EAGLE3_ARCHITECTURES}
+
+
+def _article(name: str) -> str:
+    """The indefinite article before an algorithm's name as it is read out: "an EAGLE3", "a DFLASH"."""
+    return "an" if name[:1].upper() in "AEIOU" else "a"
+
+
 _EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
 
 
@@ -271,7 +278,7 @@ def validate_pair(
         archs = list(getattr(parse_drafter_config(draft_config), "architectures", ()))
         wanted = expected_algorithm.upper()
         hint = (
-            f"point --speculative-draft-model-path at a {wanted} drafter (architectures "
+            f"point --speculative-draft-model-path at {_article(wanted)} {wanted} drafter (architectures "
             f"{list(_ARCHS[wanted])}, e.g. {_EXAMPLES[wanted]})"
             if wanted in _ARCHS
             else f"use one of {sorted(_ARCHS)}"
@@ -280,8 +287,8 @@ def validate_pair(
             [
                 Mismatch(
                     "speculative algorithm",
-                    f"a {algorithm} drafter (architectures {archs})",
-                    f"--speculative-algorithm {expected_algorithm} requested",
+                    f"{algorithm} (architectures {archs})",
+                    f"--speculative-algorithm {expected_algorithm}",
                     f"pass --speculative-algorithm {algorithm}, or {hint}",
                 )
             ],

@@ -187,15 +187,15 @@ def test_algorithm_swaps():
     err = mismatch(kimi(), fixture(EAGLE3_GQA), expected_algorithm="DFLASH")
     p = only_problem(err)
     assert str(p) == (
-        "speculative algorithm: drafter has a EAGLE3 drafter (architectures ['LlamaForCausalLMEagle3']), target "
-        "has --speculative-algorithm DFLASH requested. Fix: pass --speculative-algorithm EAGLE3, or point "
+        "speculative algorithm: drafter has EAGLE3 (architectures ['LlamaForCausalLMEagle3']), target "
+        "has --speculative-algorithm DFLASH. Fix: pass --speculative-algorithm EAGLE3, or point "
         "--speculative-draft-model-path at a DFLASH drafter (architectures ['DFlashDraftModel'], e.g. "
         "z-lab/Kimi-K2.5-DFlash)"
     )
     p = only_problem(mismatch(kimi(), fixture(ZLAB_DFLASH), expected_algorithm="EAGLE3"))
-    assert "a DFLASH drafter (architectures ['DFlashDraftModel'])" in str(p)
-    assert "--speculative-algorithm EAGLE3 requested" in str(p)
-    assert "pass --speculative-algorithm DFLASH, or point --speculative-draft-model-path at a EAGLE3 drafter" in p.fix
+    assert "drafter has DFLASH (architectures ['DFlashDraftModel'])" in str(p)
+    assert "target has --speculative-algorithm EAGLE3." in str(p)
+    assert "pass --speculative-algorithm DFLASH, or point --speculative-draft-model-path at an EAGLE3 drafter" in p.fix
     assert "lightseekorg/kimi-k2.5-eagle3" in p.fix
     p = only_problem(mismatch(kimi(), fixture(EAGLE3_MLA), expected_algorithm="eagle"))
     assert "pass --speculative-algorithm EAGLE3" in p.fix
