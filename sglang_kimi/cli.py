@@ -20,8 +20,9 @@ given: --model-path (the embedded tiny Kimi-K2.6 model), --host 127.0.0.1, --por
 model: SGLang cannot start it otherwise). On a machine without a GPU also: SGLANG_USE_CPU_ENGINE=1,
 --device cpu, --attention-backend kimi_cpu (the plugin's CPU backend, which serves autoregressive and every
 speculative mode), --sampling-backend pytorch, --cuda-graph-backend-decode disabled,
---cuda-graph-backend-prefill disabled, --dtype float32, and the CPU import shims for sgl_kernel /
-torchvision. A flag set in SGLang's --config YAML file counts as given (the command line still wins over the
+--cuda-graph-backend-prefill disabled, --dtype float32, TORCHDYNAMO_DISABLE=1 (SGLang's torch.compile'd helpers
+run eagerly instead of compiling at the first requests; not with --enable-torch-compile), and the CPU import shims
+for sgl_kernel / torchvision. A flag set in SGLang's --config YAML file counts as given (the command line still wins over the
 file), and relative paths work in both.
 
 examples:

@@ -56,6 +56,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # set on CPU unless the user's environment has them (HF_HUB_OFFLINE is left out when a hub id is to be downloaded)
 CPU_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# SGLang wraps small helpers in torch.compile (the MoE router's grouped top-k, rotary embeddings); on a CPU every
+# scheduler process compiles them with Inductor at its first batches, about 4 s on 2 cores before the first token
+# (a 1-token shape, then again for longer ones). They run eagerly instead: the same operations, unfused. Left as
+# it is when the environment sets it or --enable-torch-compile asks for compilation.
+DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
 
 
 class LaunchError(RuntimeError):
@@ -516,6 +521,8 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args + config)
     env, shims = sglang_env(cpu)
+    if cpu and DYNAMO_DISABLE_ENV not in env and not _has_flag(args + config, "--enable-torch-compile"):
+        env[DYNAMO_DISABLE_ENV] = "1"
     hub = [v for f in MODEL_PATH_FLAGS if (v := _flag_value(args + config, f)) and not Path(v).expanduser().exists()]
     if cpu and hub and "HF_HUB_OFFLINE" not in os.environ:
         del env["HF_HUB_OFFLINE"]  # a hub id given here is downloaded

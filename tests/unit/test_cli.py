@@ -507,3 +507,17 @@ def test_tune_moe_refuses_flags_that_describe_no_moe_layer(capsys, flags, messag
     assert cli.main(["tune", "moe", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sglang-kimi: error: ") and message in err[0], err
+
+
+def test_cpu_launch_runs_sglang_s_compiled_helpers_eagerly(tmp_path, monkeypatch):
+    """On CPU SGLang's torch.compile'd helpers run eagerly (TORCHDYNAMO_DISABLE=1), unless the user's environment
+    sets the variable or --enable-torch-compile asks for compilation; a GPU launch keeps torch.compile."""
+    monkeypatch.delenv(server.DYNAMO_DISABLE_ENV, raising=False)
+    (tmp_path / "config.json").write_text("{}")
+    model = ["--model-path", str(tmp_path)]
+    assert server.launch_command(model, cpu=True, port=server.ANY_PORT).env[server.DYNAMO_DISABLE_ENV] == "1"
+    compiled = server.launch_command([*model, "--enable-torch-compile"], cpu=True, port=server.ANY_PORT)
+    assert server.DYNAMO_DISABLE_ENV not in compiled.env
+    assert server.DYNAMO_DISABLE_ENV not in server.launch_command(model, cpu=False, port=server.ANY_PORT).env
+    monkeypatch.setenv(server.DYNAMO_DISABLE_ENV, "0")
+    assert server.launch_command(model, cpu=True, port=server.ANY_PORT).env[server.DYNAMO_DISABLE_ENV] == "0"
