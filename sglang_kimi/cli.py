@@ -22,8 +22,8 @@ model: SGLang cannot start it otherwise). On a machine without a GPU also: SGLAN
 speculative mode), --sampling-backend pytorch, --cuda-graph-backend-decode disabled,
 --cuda-graph-backend-prefill disabled, --dtype float32, TORCHDYNAMO_DISABLE=1 (SGLang's torch.compile'd helpers
 run eagerly instead of compiling at the first requests; not with --enable-torch-compile), and the CPU import shims
-for sgl_kernel / torchvision. A flag set in SGLang's --config YAML file counts as given (the command line still wins over the
-file), and relative paths work in both.
+for sgl_kernel / torchvision. A flag set in SGLang's --config YAML file counts as given (the command line still
+wins over the file), and relative paths work in both.
 
 examples:
   sglang-kimi serve

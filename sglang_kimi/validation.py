@@ -238,6 +238,18 @@ def _check_eagle_shape(cfg, algorithm: str) -> None:
         raise SpeculativeConfigError(
             f"{algorithm} tree (--speculative-eagle-topk {topk}) without --speculative-num-draft-tokens: {shapes}"
         )
+    if topk is not None and topk > 1 and steps is not None and tokens is not None:
+        # The first step scores topk candidates, each later step topk x topk: the tree's drafts are the best
+        # tokens - 1 of them (SGLang's organize_draft_results, a torch.topk that fails on the first request when
+        # asked for more than there are).
+        candidates = topk + (steps - 1) * topk * topk
+        if tokens - 1 > candidates:
+            raise SpeculativeConfigError(
+                f"{algorithm} tree with --speculative-num-steps {steps} and --speculative-eagle-topk {topk} drafts "
+                f"at most {candidates} tokens ({topk} + ({steps} - 1) x {topk} x {topk}), but "
+                f"--speculative-num-draft-tokens is {tokens}: use at most {candidates + 1} (the drafts and the "
+                "verified token), or raise --speculative-num-steps or --speculative-eagle-topk"
+            )
 
 
 def _backends(cfg) -> list[tuple[str, str | None]]:

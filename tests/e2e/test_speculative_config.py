@@ -188,6 +188,18 @@ def cases(d):
             eagle3(d["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "4"),
             ["tree (--speculative-eagle-topk 4) without --speculative-num-draft-tokens"],
         ),
+        (  # 4 + 2 x 16 candidates: SGLang's first request failed (torch.topk out of range), ending the scheduler
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "4",
+                "--speculative-num-draft-tokens",
+                "60",
+            ),
+            ["drafts at most 36 tokens", "--speculative-num-draft-tokens is 60: use at most 37"],
+        ),
         # adaptive speculation: what it cannot drive, and settings files it cannot use
         (
             eagle3(

@@ -1,0 +1,36 @@
+"""Start-up checks of ``sglang_kimi.validation`` that need no SGLang process (the launcher's refusals as a user sees
+them are in ``tests/e2e/test_speculative_config.py``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_kimi import validation
+from sglang_kimi.options import SpeculativeConfigError
+
+
+def eagle_shape(steps, topk, tokens):
+    return SimpleNamespace(
+        speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens
+    )
+
+
+@pytest.mark.parametrize("steps, topk", [(1, 2), (3, 4), (4, 3), (8, 8)])
+def test_an_eagle_tree_verifies_at_most_its_candidates_and_the_verified_token(steps, topk):
+    """SGLang's tree keeps the best num_draft_tokens - 1 of the topk + (steps - 1) x topk^2 scored candidates; one
+    more draft token than that failed the first request (torch.topk out of range) and ended the scheduler."""
+    candidates = topk + (steps - 1) * topk * topk
+    for tokens in (2, candidates, candidates + 1):
+        validation._check_eagle_shape(eagle_shape(steps, topk, tokens), "EAGLE3")
+    with pytest.raises(SpeculativeConfigError) as refused:
+        validation._check_eagle_shape(eagle_shape(steps, topk, candidates + 2), "EAGLE3")
+    message = str(refused.value)
+    assert f"drafts at most {candidates} tokens" in message
+    assert f"--speculative-num-draft-tokens is {candidates + 2}: use at most {candidates + 1}" in message
+
+
+def test_an_eagle_chain_is_left_to_sglang():
+    """With top-k 1 SGLang sets the draft tokens to steps + 1 itself, whatever was given."""
+    validation._check_eagle_shape(eagle_shape(3, 1, 100), "EAGLE3")
