@@ -214,7 +214,9 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
 
 def _check_eagle_shape(cfg, algorithm: str) -> None:
     """The EAGLE draft shape flags: none of them (SGLang picks), or steps with a top-k (and, for a tree, the draft
-    tokens). SGLang 0.5.23 dies on the other mixes with a bare TypeError or AssertionError."""
+    tokens), each a count in the range SGLang can lay out. SGLang 0.5.23 dies on the other mixes with a bare
+    TypeError or AssertionError at start-up, or on the first request (a tree window shorter than its steps or
+    longer than its scored candidates)."""
     steps, topk, tokens = cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens
     given = [
         f"{flag} {value}"
@@ -238,9 +240,31 @@ def _check_eagle_shape(cfg, algorithm: str) -> None:
         raise SpeculativeConfigError(
             f"{algorithm} tree (--speculative-eagle-topk {topk}) without --speculative-num-draft-tokens: {shapes}"
         )
+    if steps is not None and steps < 0:
+        raise SpeculativeConfigError(
+            f"{algorithm} with --speculative-num-steps {steps}: the drafter's steps per round are a count: use 1 or more"
+        )
+    if topk is not None and topk < 1:
+        raise SpeculativeConfigError(
+            f"{algorithm} with --speculative-eagle-topk {topk}: use 1 (a chain) or more (a tree with that many "
+            "children per node)"
+        )
     if topk is not None and topk > 1 and steps is not None and tokens is not None:
+        if steps < 1:
+            raise SpeculativeConfigError(
+                f"{algorithm} tree (--speculative-eagle-topk {topk}) with --speculative-num-steps {steps}: a tree "
+                "is drafted in 1 or more steps"
+            )
+        # SGLang moves the accepted path, up to steps + 1 tokens, to the front of the request's verify window of
+        # num_draft_tokens rows (_compact_accept_to_front): a shorter window failed the first verify.
+        if tokens < steps + 1:
+            raise SpeculativeConfigError(
+                f"{algorithm} tree with --speculative-num-steps {steps} accepts up to {steps + 1} tokens a round, "
+                f"which SGLang lays out in the verify window, but --speculative-num-draft-tokens is {tokens}: use "
+                f"at least {steps + 1}, or fewer steps"
+            )
         # The first step scores topk candidates, each later step topk x topk: the tree's drafts are the best
-        # tokens - 1 of them (SGLang's organize_draft_results, a torch.topk that fails on the first request when
+        # tokens - 1 of them (SGLang's organize_draft_results, a torch.topk that failed the first request when
         # asked for more than there are).
         candidates = topk + (steps - 1) * topk * topk
         if tokens - 1 > candidates:

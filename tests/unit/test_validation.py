@@ -3,6 +3,7 @@ them are in ``tests/e2e/test_speculative_config.py``)."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ def test_an_eagle_tree_verifies_at_most_its_candidates_and_the_verified_token(st
     """SGLang's tree keeps the best num_draft_tokens - 1 of the topk + (steps - 1) x topk^2 scored candidates; one
     more draft token than that failed the first request (torch.topk out of range) and ended the scheduler."""
     candidates = topk + (steps - 1) * topk * topk
-    for tokens in (2, candidates, candidates + 1):
+    for tokens in (steps + 1, candidates, candidates + 1):
         validation._check_eagle_shape(eagle_shape(steps, topk, tokens), "EAGLE3")
     with pytest.raises(SpeculativeConfigError) as refused:
         validation._check_eagle_shape(eagle_shape(steps, topk, candidates + 2), "EAGLE3")
@@ -34,3 +35,26 @@ def test_an_eagle_tree_verifies_at_most_its_candidates_and_the_verified_token(st
 def test_an_eagle_chain_is_left_to_sglang():
     """With top-k 1 SGLang sets the draft tokens to steps + 1 itself, whatever was given."""
     validation._check_eagle_shape(eagle_shape(3, 1, 100), "EAGLE3")
+
+
+@pytest.mark.parametrize("steps, tokens", [(3, 1), (3, 3), (6, 4)])
+def test_an_eagle_tree_window_holds_its_longest_accepted_path(steps, tokens):
+    """SGLang moves the accepted path (up to steps + 1 tokens) to the front of the num_draft_tokens verify rows: a
+    window shorter than that failed the first verify (a RuntimeError in _compact_accept_to_front)."""
+    with pytest.raises(SpeculativeConfigError, match=f"is {tokens}: use at least {steps + 1}, or fewer steps"):
+        validation._check_eagle_shape(eagle_shape(steps, 4, tokens), "EAGLE3")
+
+
+@pytest.mark.parametrize(
+    "steps, topk, message",
+    [
+        (-1, 1, "--speculative-num-steps -1: the drafter's steps per round are a count: use 1 or more"),
+        (3, 0, "--speculative-eagle-topk 0: use 1 (a chain) or more"),
+        (3, -2, "--speculative-eagle-topk -2: use 1 (a chain) or more"),
+        (0, 4, "with --speculative-num-steps 0: a tree is drafted in 1 or more steps"),
+    ],
+)
+def test_eagle_counts_below_their_range(steps, topk, message):
+    """A negative step count ended SGLang's draft worker at start-up with a bare torch error."""
+    with pytest.raises(SpeculativeConfigError, match=re.escape(message)):
+        validation._check_eagle_shape(eagle_shape(steps, topk, 4), "EAGLE3")
