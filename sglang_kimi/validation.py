@@ -242,7 +242,8 @@ def _check_eagle_shape(cfg, algorithm: str) -> None:
         )
     if steps is not None and steps < 0:
         raise SpeculativeConfigError(
-            f"{algorithm} with --speculative-num-steps {steps}: the drafter's steps per round are a count: use 1 or more"
+            f"{algorithm} with --speculative-num-steps {steps}: the drafter's steps per round are a count: "
+            "use 1 or more"
         )
     if topk is not None and topk < 1:
         raise SpeculativeConfigError(
