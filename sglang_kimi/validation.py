@@ -250,7 +250,7 @@ def _check_eagle_shape(cfg, algorithm: str) -> None:
             f"{algorithm} with --speculative-eagle-topk {topk}: use 1 (a chain) or more (a tree with that many "
             "children per node)"
         )
-    if topk is not None and topk > 1 and steps is not None and tokens is not None:
+    if topk is not None and topk > 1:  # steps and tokens are given: checked above
         if steps < 1:
             raise SpeculativeConfigError(
                 f"{algorithm} tree (--speculative-eagle-topk {topk}) with --speculative-num-steps {steps}: a tree "

@@ -110,14 +110,12 @@ class TargetInfo:
 # ---------------------------------------------------------------------------------------------------------------
 
 _ARCHS = {DFLASH: DFLASH_ARCHITECTURES, EAGLE3: EAGLE3_ARCHITECTURES}
+_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
 
 
 def _article(name: str) -> str:
     """The indefinite article before an algorithm's name as it is read out: "an EAGLE3", "a DFLASH"."""
     return "an" if name[:1].upper() in "AEIOU" else "a"
-
-
-_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
 
 
 def _check_vocab(algorithm: str, cfg: Any, target: TargetInfo, problems: list[Mismatch]) -> None:
