@@ -229,12 +229,18 @@ def reference_tau(method: dict, prompts, max_new_tokens: int = MAX_NEW_TOKENS) -
 PIT_BINS = 10
 
 
-def sampler_distribution(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """What SGLang's pytorch sampler draws from at temperature 1 with top-p (its joint top-k/top-p filter)."""
-    probs = torch.softmax(logits.double(), dim=-1)
+def sampler_distribution(
+    logits: torch.Tensor, top_p: float = 1.0, temperature: float = 1.0, top_k: int = -1, min_p: float = 0.0
+) -> torch.Tensor:
+    """What SGLang's pytorch sampler draws from: softmax(logits / temperature), its joint top-k / top-p filter over
+    the sorted probabilities, then min-p (tokens below ``min_p`` times the most likely one dropped)."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
     sorted_probs, idx = probs.sort(dim=-1, descending=True)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    if top_k > 0:
+        sorted_probs[..., top_k:] = 0.0
     sorted_probs[before > top_p] = 0.0
+    sorted_probs[sorted_probs < sorted_probs[..., :1] * min_p] = 0.0
     filtered = torch.zeros_like(probs).scatter_(-1, idx, sorted_probs)
     return filtered / filtered.sum(dim=-1, keepdim=True)
 
@@ -257,8 +263,6 @@ def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
 def _sampled_with_conditionals(url: str, prompt: str, requests_: int, tokens: int, top_p: float, **sampling):
     """``requests_`` sampled continuations of ``tokens`` tokens (temperature 1, top-p, ``sampling``) and
     transformers' logits of the conditional of each emitted token: (outputs [R][K], logits [R, K, V])."""
-    model, tokenizer = hf_model()
-    ids = tokenizer(prompt)["input_ids"]
 
     def one(_):
         return generate(url, prompt, tokens, temperature=1.0, top_p=top_p, **sampling)["output_ids"]
@@ -267,14 +271,20 @@ def _sampled_with_conditionals(url: str, prompt: str, requests_: int, tokens: in
         results = list(pool.map(one, range(requests_)))
     outputs = [o for o in results if len(o) == tokens]
     assert len(outputs) >= requests_ * 0.9, "too many requests ended early (EOS) for the test"
+    return outputs, conditionals(prompt, outputs)
+
+
+def conditionals(prompt: str, outputs: list[list[int]]) -> torch.Tensor:
+    """transformers' logits [R, K, V] of the conditional of each of the ``outputs`` [R][K] after ``prompt``."""
+    model, tokenizer = hf_model()
+    ids = tokenizer(prompt)["input_ids"]
     with torch.no_grad():
         batch = torch.tensor([ids + o for o in outputs])  # [R, P + K]
-        logits = model(batch).logits.float()[:, len(ids) - 1 : -1]  # [R, K, V]: the conditional of each output
-    return outputs, logits
+        return model(batch).logits.float()[:, len(ids) - 1 : -1]
 
 
-def _pit_pvalue(logits: torch.Tensor, top_p: float, emitted: torch.Tensor) -> tuple[float, int]:
-    dists = sampler_distribution(logits, top_p).reshape(-1, logits.shape[-1])
+def _pit_pvalue(logits: torch.Tensor, emitted: torch.Tensor, **sampling) -> tuple[float, int]:
+    dists = sampler_distribution(logits, **sampling).reshape(-1, logits.shape[-1])
     values, outside = pit_values(dists, emitted.reshape(-1), random.Random(1234))
     return uniform_pvalue(values, PIT_BINS), outside
 
@@ -284,8 +294,8 @@ def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p
     against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
     argmax tokens at the same positions, tokens outside the support)."""
     outputs, logits = _sampled_with_conditionals(url, prompt, requests_, tokens, top_p)
-    pvalue, outside = _pit_pvalue(logits, top_p, torch.tensor(outputs))
-    greedy_pvalue, _ = _pit_pvalue(logits, top_p, sampler_distribution(logits, top_p).argmax(dim=-1))
+    pvalue, outside = _pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
+    greedy_pvalue, _ = _pit_pvalue(logits, sampler_distribution(logits, top_p).argmax(dim=-1), top_p=top_p)
     return pvalue, greedy_pvalue, outside
 
 
@@ -313,7 +323,30 @@ def penalised_pit_pvalues(
         [torch.stack([penalised_logits(logits[r, k], out[:k], *args) for k in range(tokens)]) for r, out in
          enumerate(outputs)]
     )  # fmt: skip
-    pvalue, outside = _pit_pvalue(exact, top_p, torch.tensor(outputs))
-    unpenalised_pvalue, _ = _pit_pvalue(logits, top_p, torch.tensor(outputs))
+    pvalue, outside = _pit_pvalue(exact, torch.tensor(outputs), top_p=top_p)
+    unpenalised_pvalue, _ = _pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
     repeats = sum(1 for out in outputs for k in range(tokens) if out[k] in out[:k])
     return pvalue, unpenalised_pvalue, outside, repeats
+
+
+def mixed_sampling_pvalues(url: str, prompt: str, groups: list[dict], requests_: int, tokens: int):
+    """``requests_`` sampled continuations of ``tokens`` tokens per group of sampling parameters (temperature,
+    top_k, top_p, min_p), the groups' requests interleaved so that they share batches, each group's tokens tested
+    against its own filtered conditional. Returns, per group, (p-value, tokens outside the support, p-value of the
+    same tokens under plain temperature-1 sampling)."""
+
+    def one(i):
+        return generate(url, prompt, tokens, **groups[i % len(groups)])["output_ids"]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(requests_ * len(groups))))
+    report = []
+    for g, params in enumerate(groups):
+        outputs = [o for o in results[g :: len(groups)] if len(o) == tokens]
+        assert len(outputs) >= requests_ * 0.9, "too many requests ended early (EOS) for the test"
+        logits = conditionals(prompt, outputs)
+        emitted = torch.tensor(outputs)
+        pvalue, outside = _pit_pvalue(logits, emitted, **params)
+        plain, _ = _pit_pvalue(logits, emitted)
+        report.append((pvalue, outside, plain))
+    return report

@@ -22,6 +22,9 @@
   transformers, filtered as SGLang's sampler filters) ``u = P(rank < r) + V * p(token)``, V ~ U[0, 1), is uniform,
   and successive tokens of a request give independent u's; a chi-square test on 10 bins. The same test rejects a
   server whose verification is made greedy (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=1``).
+- Sampled in mixed batches, every configuration: requests at temperature 0.5 with top-k 4, at 1.3 with top-p 0.9 and
+  min-p 0.1, and at plain temperature 1 share batches; each group's tokens pass the same test against its own
+  filtered conditional, and the first two fail it against the plain temperature-1 conditional.
 - Sampled with penalties that favour repeating, DFLASH chain and tree, EAGLE3 tree: the same test against the
   conditional under the penalties of each output's own prefix passes, and against the unpenalised conditional
   fails. With the plugin's per-node penalties switched off (SGLang's own handling), it fails on the DFLASH tree
@@ -47,6 +50,7 @@ from spec_common import (
     generate_all,
     greedy_reference,
     gsm8k_prompts,
+    mixed_sampling_pvalues,
     penalised_pit_pvalues,
     reference_tau,
     sampled_pit_pvalue,
@@ -295,6 +299,31 @@ def test_sampling_follows_the_target_distribution(spec_server, prompts):
     assert outside <= max(1, SAMPLED_REQUESTS * SAMPLED_TOKENS // 100), f"{outside} tokens outside the support"
     assert pvalue > 1e-3, f"sampled tokens do not follow the target distribution (p = {pvalue:.3g})"
     assert greedy_pvalue < 1e-6, "the test cannot tell argmax tokens from samples"
+
+
+# Three sampling set-ups served in the same batches: a low temperature with top-k, a high one with top-p and min-p,
+# and plain temperature 1. Each group's tokens must follow its own filtered conditional; the first two must be far
+# from the plain one, which is what a verify that took one request's parameters (or none) for the batch samples from.
+MIXED_SAMPLING = [
+    {"temperature": 0.5, "top_k": 4},
+    {"temperature": 1.3, "top_p": 0.9, "min_p": 0.1},
+    {"temperature": 1.0},
+]
+MIXED_REQUESTS = 60
+MIXED_TOKENS = 6
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_each_request_samples_with_its_own_temperature_top_k_top_p_and_min_p(spec_server, prompts):
+    report = mixed_sampling_pvalues(spec_server.base_url, prompts[1], MIXED_SAMPLING, MIXED_REQUESTS, MIXED_TOKENS)
+    for params, (pvalue, outside, plain) in zip(MIXED_SAMPLING, report):
+        print(f"sampled {spec_server.config} {params}: PIT p-value {pvalue:.3g} (plain temperature 1: {plain:.3g})")
+        assert outside <= max(1, MIXED_REQUESTS * MIXED_TOKENS // 100), (
+            f"{params}: {outside} tokens outside the support"
+        )
+        assert pvalue > 1e-3, f"{params}: sampled tokens do not follow the filtered target (p = {pvalue:.3g})"
+        if params != {"temperature": 1.0}:
+            assert plain < 1e-6, f"{params}: the test cannot tell these samples from plain temperature-1 ones"
 
 
 # Penalties that favour repeating (allowed: frequency and presence in [-2, 2], repetition in (0, 2]), so that they
