@@ -4,7 +4,9 @@ For each seed, lm-eval's own task (``lm_eval.simple_evaluate``, model ``local-co
 ``/v1/completions``) runs once on the baseline and once on the candidate with the same seeds, so both see
 identical prompts (checked through lm-eval's ``prompt_hash``). Scoring is lm-eval's: exact_match under the
 ``strict-match`` and ``flexible-extract`` filters. Seeds set lm-eval's ``random``/numpy/torch/few-shot seeds and
-the request ``seed``: with greedy decoding they still change which few-shot examples precede each question.
+the request ``seed``: with greedy decoding they still change which few-shot examples precede each question. (SGLang
+reads a request's seed only under ``--enable-deterministic-inference``; sampled runs of other servers differ from
+run to run.)
 
 Verdict (exit code 0 pass / 1 fail):
 

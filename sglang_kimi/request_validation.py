@@ -42,6 +42,10 @@ lists whose length is not the batch's (``sampling_params``, ``rid`` and the log-
 ``rid`` on a single prompt. A request with both ``text`` and ``input_ids``, which SGLang serves from the ids alone
 (the text silently dropped), is refused there too.
 
+A ``sampling_seed`` (``seed`` on the OpenAI routes) is read by SGLang only under ``--enable-deterministic-inference``;
+any other server samples without it. It is served as SGLang serves it (lm-eval sends a seed with every request,
+greedy ones too), and the server logs once that seeds have no effect there.
+
 ``return_hidden_states`` on a DFLASH or EAGLE3 server would not return the model's hidden states (SGLang refuses it
 only for DFLASH with its overlap scheduler): a DFLASH server without the overlap scheduler answers an empty list, and
 an EAGLE3 server whose drafter reads auxiliary target layers (``eagle_config.use_aux_hidden_state``, the default)
@@ -55,10 +59,13 @@ streaming request), and the server goes on serving.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 from sglang_kimi.hooks import hook
 from sglang_kimi.models.install import KIMI_ARCH
+
+logger = logging.getLogger("sglang_kimi")
 
 
 def _check_token_ids(input_ids, vocab_size: int) -> None:
@@ -126,6 +133,23 @@ def _check_sampling_params(params, vocab_size: int) -> None:
             re.compile(pattern)
         except (re.error, TypeError) as exc:
             raise ValueError(f"stop_regex {pattern!r} is not a regular expression ({exc})") from None
+
+
+@functools.cache
+def _warn_seeds_ignored() -> None:
+    logger.warning(
+        "a request carries a seed (sampling_seed, or seed on the OpenAI routes), which this server ignores: SGLang "
+        "samples with per-request seeds only under --enable-deterministic-inference (greedy requests are unaffected)"
+    )
+
+
+def _note_ignored_seed(params, server_args) -> None:
+    if server_args is None or getattr(server_args, "enable_deterministic_inference", False):
+        return
+    for one in params if isinstance(params, list) else [params]:
+        if isinstance(one, dict) and one.get("sampling_seed") is not None:
+            _warn_seeds_ignored()
+            return
 
 
 def _check_logprob_options(obj, vocab_size: int) -> None:
@@ -248,6 +272,7 @@ def validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     _check_capture_options(obj, server_args)
     _check_hidden_states(obj, server_args)
     _check_sampling_params(getattr(obj, "sampling_params", None), int(config.vocab_size))
+    _note_ignored_seed(getattr(obj, "sampling_params", None), server_args)
     _check_logprob_options(obj, int(config.vocab_size))
     input_embeds = getattr(obj, "input_embeds", None)
     if input_embeds is not None:

@@ -210,6 +210,11 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 
 
+def _switched_on(args: list[str], flag: str) -> bool:
+    """A boolean flag given, and not as ``false`` (how :func:`config_file_args` writes a config file's false)."""
+    return _has_flag(args, flag) and (_flag_value(args, flag) or "").lower() != "false"
+
+
 # Paths are made absolute against the caller's working directory, so that the server's arguments (in /server_info,
 # the logs) name them in full. Inputs where the path exists (a hub id, a template name stay as given); outputs always.
 MODEL_PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
@@ -447,10 +452,34 @@ class LaunchSpec:
 CPU_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 
 
+# Flags whose SGLang machinery needs a GPU, and what fails on CPU; each ended SGLang's start-up there.
+PINNED_LORA = "SGLang's LoRA layers keep their buffers in pinned host memory, which needs a CUDA or ROCm GPU"
+CPU_UNSERVED_FLAGS = {
+    "--enable-return-routed-experts": (
+        "SGLang keeps the captured expert ids in pinned host memory, which needs a CUDA or ROCm GPU"
+    ),
+    "--enable-hierarchical-cache": (
+        "SGLang's host KV cache registers its buffers with CUDA (cudaHostRegister); the radix cache keeps prefixes "
+        "in the CPU KV pool without it"
+    ),
+    "--enable-deterministic-inference": (
+        "SGLang's batch-invariant kernels run on CUDA and XPU devices only (without it a request's sampling_seed "
+        "has no effect: SGLang reads it only in deterministic mode)"
+    ),
+    "--enable-memory-saver": "SGLang releases and restores memory through torch_memory_saver, a CUDA library",
+    "--enable-lora": PINNED_LORA,
+    "--lora-paths": PINNED_LORA,
+    "--enable-single-batch-overlap": "SGLang overlaps the MoE combine on a second CUDA stream",
+    "--enable-two-batch-overlap": "SGLang overlaps two micro-batches on CUDA streams",
+}
+
+
 def check_cpu_args(args: list[str]) -> None:
     """Refuse, before SGLang loads weights, CPU settings its scheduler would fail on: a KV cache dtype SGLang cannot
-    keep on CPU, a page size the kimi_cpu backend does not serve, and the routed-experts capture (its host buffer is
-    pinned memory, which needs CUDA: the scheduler fails at start-up with "Torch not compiled with CUDA enabled")."""
+    keep on CPU, a page size the kimi_cpu backend does not serve, :data:`CPU_UNSERVED_FLAGS` (pinned buffers, CUDA
+    streams, batch-invariant kernels), prefill graphs (CUDA graph pools), and
+    ``--enable-torch-compile`` where SGLang's CPU graph runner cannot run (it captures decoding with the attention
+    backend's CPU-graph methods, which only ``intel_amx`` has, and serves no speculative algorithm)."""
     backend = _flag_value(args, "--attention-backend")
     value = _flag_value(args, "--kv-cache-dtype")
     if value is not None and value not in CPU_KV_CACHE_DTYPES and not (value == "fp8_e4m3" and backend == "intel_amx"):
@@ -459,11 +488,29 @@ def check_cpu_args(args: list[str]) -> None:
             "cache in FP8 only for MHA models on the intel_amx backend, and Kimi attends with MLA; on CPU use "
             "--kv-cache-dtype auto or bf16 (FP8 and FP4 KV caches run on CUDA and ROCm GPUs)"
         )
-    if _has_flag(args, "--enable-return-routed-experts"):
+    for flag, reason in CPU_UNSERVED_FLAGS.items():
+        if _switched_on(args, flag):
+            raise LaunchError(f"{flag} is not served on CPU: {reason}; drop the flag on CPU")
+    prefill_graphs = _flag_value(args, "--cuda-graph-backend-prefill")
+    if prefill_graphs not in (None, "disabled"):
         raise LaunchError(
-            "--enable-return-routed-experts is not served on CPU: SGLang keeps the captured expert ids in pinned "
-            "host memory, which needs a CUDA or ROCm GPU; drop the flag on CPU"
+            f"--cuda-graph-backend-prefill {prefill_graphs} is not served on CPU: SGLang captures prefill graphs in "
+            "CUDA graph memory pools, which torch has only on a GPU; pass disabled (the CPU default) or drop the flag"
         )
+    if _switched_on(args, "--enable-torch-compile"):
+        algorithm = _flag_value(args, "--speculative-algorithm")
+        if algorithm:
+            raise LaunchError(
+                f"--enable-torch-compile with --speculative-algorithm {algorithm} is not served on CPU: SGLang "
+                "compiles CPU decoding through its CPU graph runner, which serves no speculative algorithm; drop "
+                "--enable-torch-compile"
+            )
+        if backend != "intel_amx":
+            raise LaunchError(
+                f"--enable-torch-compile is not served on CPU with --attention-backend {backend}: SGLang compiles CPU "
+                "decoding through its CPU graph runner, which only the intel_amx backend (AMX CPUs) supports; drop "
+                "--enable-torch-compile"
+            )
     page_size = _flag_value(args, "--page-size")
     if backend == KIMI_CPU_BACKEND and page_size is not None and page_size != "1":
         raise LaunchError(
@@ -521,7 +568,7 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args + config)
     env, shims = sglang_env(cpu)
-    if cpu and DYNAMO_DISABLE_ENV not in env and not _has_flag(args + config, "--enable-torch-compile"):
+    if cpu and DYNAMO_DISABLE_ENV not in env and not _switched_on(args + config, "--enable-torch-compile"):
         env[DYNAMO_DISABLE_ENV] = "1"
     hub = [v for f in MODEL_PATH_FLAGS if (v := _flag_value(args + config, f)) and not Path(v).expanduser().exists()]
     if cpu and hub and "HF_HUB_OFFLINE" not in os.environ:

@@ -365,12 +365,55 @@ def test_cpu_launch_passes_kv_cache_dtypes_sglang_serves_there(tmp_path, flags):
     assert spec.argv[spec.argv.index("--kv-cache-dtype") + 1] == flags[1]
 
 
-def test_cpu_launch_refuses_the_routed_experts_capture(tmp_path):
+@pytest.mark.parametrize(
+    "flag, reason",
+    [
+        ("--enable-return-routed-experts", "pinned host memory"),
+        ("--enable-hierarchical-cache", "cudaHostRegister"),
+        ("--enable-deterministic-inference", "batch-invariant kernels run on CUDA and XPU"),
+        ("--enable-memory-saver", "torch_memory_saver"),
+        ("--enable-lora", "LoRA layers keep their buffers in pinned host memory"),
+        ("--enable-two-batch-overlap", "CUDA streams"),
+    ],
+)
+def test_cpu_launch_refuses_flags_whose_machinery_needs_a_gpu(tmp_path, flag, reason):
     (tmp_path / "config.json").write_text("{}")
-    args = ["--model-path", str(tmp_path), "--enable-return-routed-experts"]
-    with pytest.raises(server.LaunchError, match="--enable-return-routed-experts is not served on CPU.*drop the flag"):
+    args = ["--model-path", str(tmp_path), flag]
+    with pytest.raises(server.LaunchError, match=f"{flag} is not served on CPU: .*{reason}.*drop the flag on CPU"):
         server.launch_command(args, cpu=True, port=server.free_port())
-    assert "--enable-return-routed-experts" in server.launch_command(args, cpu=False, port=server.free_port()).argv
+    config = tmp_path / "serve.yaml"  # set in a --config file, the same
+    config.write_text(f"{flag.removeprefix('--')}: true\n")
+    with pytest.raises(server.LaunchError, match=f"{flag} is not served on CPU"):
+        server.launch_command(["--model-path", str(tmp_path), "--config", str(config)], cpu=True, port=server.ANY_PORT)
+    config.write_text(f"{flag.removeprefix('--')}: false\n")  # switched off there: served
+    server.launch_command(["--model-path", str(tmp_path), "--config", str(config)], cpu=True, port=server.ANY_PORT)
+    assert flag in server.launch_command(args, cpu=False, port=server.free_port()).argv
+
+
+def test_cpu_launch_refuses_torch_compile_where_sglang_s_cpu_graph_runner_cannot_run(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    model = ["--model-path", str(tmp_path), "--enable-torch-compile"]
+    with pytest.raises(server.LaunchError, match="with --attention-backend kimi_cpu: .*only the intel_amx backend"):
+        server.launch_command(model, cpu=True, port=server.ANY_PORT)
+    with pytest.raises(server.LaunchError, match="with --attention-backend torch_native"):
+        server.launch_command([*model, "--attention-backend", "torch_native"], cpu=True, port=server.ANY_PORT)
+    dflash = ["--speculative-algorithm", "DFLASH", "--attention-backend", "intel_amx"]
+    with pytest.raises(server.LaunchError, match="--speculative-algorithm DFLASH .*serves no speculative algorithm"):
+        server.launch_command([*model, *dflash], cpu=True, port=server.ANY_PORT)
+    amx = server.launch_command([*model, "--attention-backend", "intel_amx"], cpu=True, port=server.ANY_PORT)
+    assert "--enable-torch-compile" in amx.argv
+    assert "--enable-torch-compile" in server.launch_command(model, cpu=False, port=server.ANY_PORT).argv
+
+
+def test_cpu_launch_refuses_lora_adapters_and_prefill_graphs(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    model = ["--model-path", str(tmp_path)]
+    with pytest.raises(server.LaunchError, match="--lora-paths is not served on CPU: .*pinned host memory"):
+        server.launch_command([*model, "--lora-paths", "a=/tmp/a"], cpu=True, port=server.ANY_PORT)
+    with pytest.raises(server.LaunchError, match="--cuda-graph-backend-prefill full is not served on CPU.*disabled"):
+        server.launch_command([*model, "--cuda-graph-backend-prefill", "full"], cpu=True, port=server.ANY_PORT)
+    disabled = server.launch_command([*model, "--cuda-graph-backend-prefill=disabled"], cpu=True, port=server.ANY_PORT)
+    assert "--cuda-graph-backend-prefill=disabled" in disabled.argv
 
 
 def test_cpu_launch_refuses_pages_the_kimi_cpu_backend_does_not_serve(tmp_path):
@@ -511,13 +554,14 @@ def test_tune_moe_refuses_flags_that_describe_no_moe_layer(capsys, flags, messag
 
 def test_cpu_launch_runs_sglang_s_compiled_helpers_eagerly(tmp_path, monkeypatch):
     """On CPU SGLang's torch.compile'd helpers run eagerly (TORCHDYNAMO_DISABLE=1), unless the user's environment
-    sets the variable or --enable-torch-compile asks for compilation; a GPU launch keeps torch.compile."""
+    sets the variable or --enable-torch-compile asks for compilation (served on intel_amx); a GPU launch keeps
+    torch.compile."""
     monkeypatch.delenv(server.DYNAMO_DISABLE_ENV, raising=False)
     (tmp_path / "config.json").write_text("{}")
     model = ["--model-path", str(tmp_path)]
     assert server.launch_command(model, cpu=True, port=server.ANY_PORT).env[server.DYNAMO_DISABLE_ENV] == "1"
-    compiled = server.launch_command([*model, "--enable-torch-compile"], cpu=True, port=server.ANY_PORT)
-    assert server.DYNAMO_DISABLE_ENV not in compiled.env
+    amx = ["--enable-torch-compile", "--attention-backend", "intel_amx"]
+    assert server.DYNAMO_DISABLE_ENV not in server.launch_command([*model, *amx], cpu=True, port=server.ANY_PORT).env
     assert server.DYNAMO_DISABLE_ENV not in server.launch_command(model, cpu=False, port=server.ANY_PORT).env
     monkeypatch.setenv(server.DYNAMO_DISABLE_ENV, "0")
     assert server.launch_command(model, cpu=True, port=server.ANY_PORT).env[server.DYNAMO_DISABLE_ENV] == "0"

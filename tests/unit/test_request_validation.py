@@ -2,6 +2,7 @@
 400) naming the problem; everything else passes through to SGLang's own checks."""
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -353,3 +354,22 @@ def test_sglangs_own_completion_refusal_is_kept():
     assert (
         check_completion_options("Prompt cannot be empty", object(), completion(best_of=3)) == "Prompt cannot be empty"
     )
+
+
+def test_a_seed_the_server_ignores_is_served_and_logged_once(caplog):
+    from sglang_kimi import request_validation
+
+    request_validation._warn_seeds_ignored.cache_clear()
+    plain = SimpleNamespace(model_config=MANAGER.model_config, server_args=SimpleNamespace())
+    deterministic = SimpleNamespace(
+        model_config=MANAGER.model_config, server_args=SimpleNamespace(enable_deterministic_inference=True)
+    )
+    seeded = request(sampling_params={"temperature": 1.0, "sampling_seed": 7})
+    with caplog.at_level(logging.WARNING, logger="sglang_kimi"):
+        assert validate_request(deterministic, seeded, [1, 2]) is None
+        assert validate_request(plain, request(sampling_params={"temperature": 1.0}), [1, 2]) is None
+        assert not caplog.records  # read by a deterministic server; no seed at all
+        for _ in range(3):
+            assert validate_request(plain, seeded, [1, 2]) is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "--enable-deterministic-inference" in warnings[0], warnings
