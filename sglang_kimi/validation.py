@@ -2,11 +2,11 @@
 ``handle_speculative_decoding``).
 
 The drafter against the target (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids,
-mask token, block size), the draft path, the tree budget, the EAGLE draft shape flags, and that the attention
-backends can serve the mode. Each problem is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the
-values and the fix. Both configs are loaded once, through SGLang's own loader, and passed to the checks and to the
-pairing warnings (a drafter trained for another Kimi release or quantization: logged, not refused). In tree mode the
-verify window is sized here.
+mask token, block size), the draft path, the tree budget, the EAGLE draft shape flags, relaxed acceptance
+thresholds where they would not be applied, and that the attention backends can serve the mode. Each problem is one
+:class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. Both configs are loaded once,
+through SGLang's own loader, and passed to the checks and to the pairing warnings (a drafter trained for another
+Kimi release or quantization: logged, not refused). In tree mode the verify window is sized here.
 """
 
 from __future__ import annotations
@@ -321,6 +321,37 @@ def _check_cpu_backend(cfg, algorithm: str) -> None:
             )
 
 
+def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
+    """SGLang's relaxed acceptance (``--speculative-accept-threshold-single/-acc`` below 1) runs only in its CUDA
+    tree-sampling kernel. Refused where it would not be what was asked: DFLASH draft trees and adaptive DFLASH (the
+    plugin's tree verify has the lossless rule only) on every device, and any algorithm on CPU and ROCm, where
+    sampled requests would be verified greedily (the target's argmax, not a sample). On CUDA it is served, logged
+    as not lossless."""
+    from sglang.srt.utils import is_hip
+
+    single, acc = cfg.speculative_accept_threshold_single, cfg.speculative_accept_threshold_acc
+    if single in (None, 1.0) and acc in (None, 1.0):
+        return
+    given = f"--speculative-accept-threshold-single {single} / --speculative-accept-threshold-acc {acc}"
+    if algorithm == "DFLASH" and (args.dflash_tree_budget is not None or args.adaptive):
+        raise SpeculativeConfigError(
+            f"{given}: DFLASH draft trees and adaptive widths verify sampled requests with the lossless rule only "
+            "(the plugin's tree verify has no relaxed acceptance): drop both thresholds"
+        )
+    device = "CPU" if (cfg.device or "").lower() == "cpu" else "ROCm" if is_hip() else None
+    if device is not None:
+        raise SpeculativeConfigError(
+            f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel; on {device} sampled "
+            "requests would be verified greedily (the target's argmax, not a sample): drop both thresholds (sampled "
+            "requests are then verified losslessly)"
+        )
+    logger.warning(
+        "sglang-kimi: %s: sampled requests are accepted with SGLang's relaxed rule, so their tokens do not follow the "
+        "target's distribution (greedy requests are unaffected)",
+        given,
+    )
+
+
 def _check_pair(cfg, algorithm: str):
     """The drafter against the target (raises on what cannot work; logs what only loses acceptance). Returns the
     parsed drafter config."""
@@ -352,6 +383,7 @@ def _resolve_speculative(original, server_args):
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
         _check_cpu_backend(cfg, algorithm)
+        _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
         _check_tree_verify(cfg, TREE_BUDGET_FLAG, "drop the flag for DFLASH chains")

@@ -58,3 +58,35 @@ def test_eagle_counts_below_their_range(steps, topk, message):
     """A negative step count ended SGLang's draft worker at start-up with a bare torch error."""
     with pytest.raises(SpeculativeConfigError, match=re.escape(message)):
         validation._check_eagle_shape(eagle_shape(steps, topk, 4), "EAGLE3")
+
+
+def thresholds(single, acc, device="cuda"):
+    return SimpleNamespace(
+        speculative_accept_threshold_single=single, speculative_accept_threshold_acc=acc, device=device
+    )
+
+
+PLAIN = SimpleNamespace(dflash_tree_budget=None, adaptive=False)
+
+
+def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, monkeypatch):
+    """SGLang's accept thresholds act only in its CUDA tree-sampling kernel: the plugin's DFLASH tree verify has the
+    lossless rule only, and on CPU and ROCm sampled requests with thresholds were verified greedily."""
+    import sglang.srt.utils
+
+    monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: False)
+    validation._check_accept_thresholds(thresholds(1.0, 1.0, "cpu"), "DFLASH", PLAIN)  # the default: lossless
+    tree = SimpleNamespace(dflash_tree_budget=32, adaptive=False)
+    adaptive = SimpleNamespace(dflash_tree_budget=None, adaptive=True)
+    for args in (tree, adaptive):
+        with pytest.raises(SpeculativeConfigError, match="verify sampled requests with the lossless rule only"):
+            validation._check_accept_thresholds(thresholds(0.5, 1.0), "DFLASH", args)
+    with pytest.raises(SpeculativeConfigError, match="acc 0.3: .*on CPU sampled requests would be verified greedily"):
+        validation._check_accept_thresholds(thresholds(1.0, 0.3, "cpu"), "EAGLE3", PLAIN)
+    with caplog.at_level("WARNING", logger="sglang_kimi"):  # CUDA: SGLang's kernel applies them, not lossless
+        validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
+        validation._check_accept_thresholds(thresholds(0.5, 0.5), "DFLASH", PLAIN)
+    assert sum("do not follow the target's distribution" in r.getMessage() for r in caplog.records) == 2
+    monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: True)
+    with pytest.raises(SpeculativeConfigError, match="on ROCm sampled requests would be verified greedily"):
+        validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
