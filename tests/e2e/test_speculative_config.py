@@ -200,6 +200,15 @@ def cases(d):
             ),
             ["drafts at most 36 tokens", "--speculative-num-draft-tokens is 60: use at most 37"],
         ),
+        # relaxed acceptance where it would not be applied: the tree verify is lossless only; on CPU SGLang's
+        # sampled verify fell back to greedy
+        (
+            dflash(
+                d["dflash"], "--speculative-dflash-tree-budget", "8", "--speculative-accept-threshold-single", "0.5"
+            ),
+            ["threshold-single 0.5", "lossless rule only"],
+        ),
+        (dflash(d["dflash"], "--speculative-accept-threshold-acc", "0.5"), ["on CPU sampled requests", "greedily"]),
         # adaptive speculation: what it cannot drive, and settings files it cannot use
         (
             eagle3(
