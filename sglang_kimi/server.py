@@ -471,6 +471,7 @@ CPU_UNSERVED_FLAGS = {
     "--lora-paths": PINNED_LORA,
     "--enable-single-batch-overlap": "SGLang overlaps the MoE combine on a second CUDA stream",
     "--enable-two-batch-overlap": "SGLang overlaps two micro-batches on CUDA streams",
+    "--enable-watermark": "SGLang's watermarking runs on CUDA devices only",
 }
 
 
