@@ -478,9 +478,9 @@ CPU_UNSERVED_FLAGS = {
 def check_cpu_args(args: list[str]) -> None:
     """Refuse, before SGLang loads weights, CPU settings its scheduler would fail on: a KV cache dtype SGLang cannot
     keep on CPU, a page size the kimi_cpu backend does not serve, :data:`CPU_UNSERVED_FLAGS` (pinned buffers, CUDA
-    streams, batch-invariant kernels), prefill graphs (CUDA graph pools), and
-    ``--enable-torch-compile`` where SGLang's CPU graph runner cannot run (it captures decoding with the attention
-    backend's CPU-graph methods, which only ``intel_amx`` has, and serves no speculative algorithm)."""
+    streams, batch-invariant kernels), prefill graphs (CUDA graph pools), and ``--enable-torch-compile`` where
+    SGLang's CPU graph runner cannot run (it captures decoding with the attention backend's CPU-graph methods, which
+    only ``intel_amx`` has, and serves no speculative algorithm)."""
     backend = _flag_value(args, "--attention-backend")
     value = _flag_value(args, "--kv-cache-dtype")
     if value is not None and value not in CPU_KV_CACHE_DTYPES and not (value == "fp8_e4m3" and backend == "intel_amx"):
