@@ -18,21 +18,13 @@ from support.drafter_models import (
     scaled_dflash,
     tiny_compact,
 )
+from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture)
 from support.targets import TinyTarget
 
 from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter, published_weight_names
 from sglang_kimi.speculators.reference.layers import Rope, rope_for
 from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, generate
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # config

@@ -23,21 +23,13 @@ from support.drafter_models import (
     scaled_eagle3,
     tiny_compact,
 )
+from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture)
 from support.targets import TinyTarget
 
 from sglang_kimi.speculators.configs import DrafterConfigError, Eagle3Config
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map, published_weight_names
 from sglang_kimi.speculators.reference.layers import rope_for
 from sglang_kimi.speculators.reference.loop import DraftContext, EagleProposer, generate
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # config
