@@ -405,13 +405,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
-        "dflash-row-headroom",
+        "speculative-row-headroom",
         "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
-        "sglang_kimi.req_to_token:install_dflash_row_headroom",
-        "upstream bug: DFLASH reserves 2 x draft tokens of KV past each request's committed length per decode step, "
-        "but its req_to_token row has only 4 + draft tokens of headroom past the context (widened for UNO and "
-        "pages > 1 only): a request decoding near the context's end writes past its row and the scheduler dies "
-        "(any tree budget above ~4; chains at the last tokens). Widen the row to the reserve for DFLASH too",
+        "sglang_kimi.req_to_token:install_speculative_row_headroom",
+        "upstream bug: speculative decoding reserves 2 x max(steps x topk, draft tokens) of KV past each request's "
+        "committed length per decode step, but its req_to_token row has only 4 + draft tokens of headroom past the "
+        "context (widened for UNO and pages > 1 only): a request decoding near the context's end writes past its "
+        "row and the scheduler dies (DFLASH with any tree budget above ~4 and chains at the last tokens, EAGLE "
+        "trees such as 3 steps of top-4). Widen the row to the reserve for every algorithm",
         needs=(
             "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
             "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",

@@ -1,6 +1,7 @@
-"""The ``req_to_token`` row headroom (``sglang_kimi/req_to_token.py``): for DFLASH the row past the context holds the
-decode reserve of 2 x draft tokens; every other algorithm keeps SGLang's own headroom. Computed with SGLang's own
-sizing functions, with the published speculative settings replaced."""
+"""The ``req_to_token`` row headroom (``sglang_kimi/req_to_token.py``): for every speculative algorithm the row past
+the context holds the decode reserve (2 x draft tokens for DFLASH, 2 x steps x topk for an EAGLE tree); without
+speculation SGLang's own headroom is kept. Computed with SGLang's own sizing functions, with the published
+speculative settings replaced."""
 
 from types import SimpleNamespace
 
@@ -40,7 +41,22 @@ def test_dflash_rows_hold_the_decode_reserve(monkeypatch, draft_tokens, page_siz
         assert upstream < 2 * draft_tokens  # the upstream row is too short: what the hook is for
 
 
-@pytest.mark.parametrize("algorithm, draft_tokens, steps, topk", [(None, None, None, None), ("EAGLE3", 8, 3, 4)])
-def test_other_algorithms_keep_sglangs_headroom(monkeypatch, algorithm, draft_tokens, steps, topk):
+@pytest.mark.parametrize(
+    "algorithm, draft_tokens, steps, topk, reserve",
+    [
+        ("EAGLE3", 8, 3, 4, 2 * 3 * 4),  # a tree drafts steps x topk tokens, more than it verifies
+        ("EAGLE3", 12, 4, 3, 2 * 12),
+        ("EAGLE3", 6, 5, 1, 2 * 6),  # a chain: the verify window
+        ("NGRAM", 8, None, None, 2 * 8),
+    ],
+)
+def test_other_speculative_rows_hold_their_decode_reserve(monkeypatch, algorithm, draft_tokens, steps, topk, reserve):
     publish(monkeypatch, algorithm, draft_tokens, steps=steps, topk=topk)
-    assert headroom() == allocation_sizing.get_req_to_token_extra_context_len()
+    assert allocation_sizing.get_alloc_reserve_per_decode() == reserve
+    assert headroom() == max(reserve, allocation_sizing.get_req_to_token_extra_context_len())
+    assert allocation_sizing.get_req_to_token_extra_context_len() < reserve  # SGLang's row was too short
+
+
+def test_rows_without_speculation_keep_sglangs_headroom(monkeypatch):
+    publish(monkeypatch, None, None)
+    assert headroom() == allocation_sizing.get_req_to_token_extra_context_len() == 4
