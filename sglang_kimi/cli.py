@@ -220,6 +220,25 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# Options whose value is itself SGLang flags: "--server-args --enable-lora" is what a user types, and argparse takes a
+# value that starts with "-" (and holds no space) for an option of its own ("expected one argument").
+SGLANG_FLAGS_OPTIONS = ("--server-args", "--baseline-args", "--candidate-args")
+
+
+def _attach_flags_values(argv: list[str]) -> list[str]:
+    """``--server-args --enable-lora`` as ``--server-args=--enable-lora``, for each of :data:`SGLANG_FLAGS_OPTIONS`."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in SGLANG_FLAGS_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv is None:
@@ -229,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         args, rest = parser.parse_known_args(argv)
         return cmd_serve(args, rest)
+    if argv and argv[0] in ("eval", "bench"):
+        argv = _attach_flags_values(argv)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return cmd_demo(args)

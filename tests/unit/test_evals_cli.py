@@ -246,12 +246,12 @@ def test_eval_launch_starts_both_servers_with_their_own_flags(capsys, data_dir, 
 
     monkeypatch.setattr(servers, "launch_pair", launch_pair)
     code, err = _run(
-        capsys, "eval", "gsm8k", "--launch", "--model-path", "/m/kimi", "--baseline-args", "--tp 8",
+        capsys, "eval", "gsm8k", "--launch", "--model-path", "/m/kimi", "--baseline-args", "--enable-metrics",
         "--candidate-args", "--tp 8 --speculative-algorithm DFLASH --speculative-draft-model-path '/d/my drafter'",
         "--launch-timeout", "77", "--data-dir", data_dir, "--limit", "2",
     )  # fmt: skip
     assert launched["specs"] == {
-        "baseline": ["--model-path", "/m/kimi", "--tp", "8"],
+        "baseline": ["--model-path", "/m/kimi", "--enable-metrics"],  # one flag, typed after a space
         "candidate": ["--model-path", "/m/kimi", "--tp", "8", "--speculative-algorithm", "DFLASH",
                       "--speculative-draft-model-path", "/d/my drafter"],
     }  # fmt: skip
@@ -294,6 +294,7 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
         (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
         (["--launch", "--baseline-url", "http://127.0.0.1:1", "--baseline-args", ""], "give the baseline once"),
         (["--base-url", "http://127.0.0.1:1", "--server-args", "--tp 2"], "only apply with --launch"),
+        (["--base-url", "http://127.0.0.1:1", "--server-args", "--enable-lora"], "only apply with --launch"),
         (["--base-url", "http://127.0.0.1:1", "--launch-timeout", "60"], "--launch-timeout only apply with --launch"),
         # load flags are refused before a launched server starts (launch_pair would fail this test: no SGLang here)
         (["--launch", "--output-len", "1"], "--output-len 1: TPOT needs at least 2 output tokens"),
