@@ -39,8 +39,8 @@ DEFAULT_ADAPTIVE_EAGLE_STEPS = 7  # adaptive EAGLE3 without --speculative-num-st
 def _check_draft_path(path: str | None, algorithm: str) -> None:
     if path is None:
         raise SpeculativeConfigError(
-            f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path (a {algorithm} drafter "
-            "checkpoint folder or hub id)"
+            f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path: the checkpoint folder or hub "
+            f"id of its {algorithm} drafter"
         )
     local = Path(path).expanduser()
     if local.exists():

@@ -125,8 +125,8 @@ def _check_vocab(algorithm: str, cfg: Any, target: TargetInfo, problems: list[Mi
                 "vocab_size",
                 cfg.vocab_size,
                 target.vocab_size,
-                f"use a {algorithm} drafter trained for this target (its vocab_size must equal the target's "
-                f"{target.vocab_size}); the drafter is for a different tokenizer",
+                f"use {_article(algorithm)} {algorithm} drafter trained for this target (its vocab_size must equal the "
+                f"target's {target.vocab_size}); the drafter is for a different tokenizer",
             )
         )
 
