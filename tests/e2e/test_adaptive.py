@@ -40,7 +40,8 @@ from sglang_kimi.server import group_alive
 pytestmark = pytest.mark.e2e
 
 NUM_PROMPTS = 6
-FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8]}
+# Start narrow, so that each bucket that runs switches at least once, whatever widths this machine's costs favour
+FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8], "initial_width": 1}
 SPECULATORS = {
     "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)],
     "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
