@@ -146,10 +146,8 @@ def _warn_seeds_ignored() -> None:
 def _note_ignored_seed(params, server_args) -> None:
     if server_args is None or getattr(server_args, "enable_deterministic_inference", False):
         return
-    for one in params if isinstance(params, list) else [params]:
-        if isinstance(one, dict) and one.get("sampling_seed") is not None:
-            _warn_seeds_ignored()
-            return
+    if isinstance(params, dict) and params.get("sampling_seed") is not None:
+        _warn_seeds_ignored()
 
 
 def _check_logprob_options(obj, vocab_size: int) -> None:
