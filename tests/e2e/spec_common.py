@@ -283,7 +283,7 @@ def conditionals(prompt: str, outputs: list[list[int]]) -> torch.Tensor:
         return model(batch).logits.float()[:, len(ids) - 1 : -1]
 
 
-def _pit_pvalue(logits: torch.Tensor, emitted: torch.Tensor, **sampling) -> tuple[float, int]:
+def pit_pvalue(logits: torch.Tensor, emitted: torch.Tensor, **sampling) -> tuple[float, int]:
     dists = sampler_distribution(logits, **sampling).reshape(-1, logits.shape[-1])
     values, outside = pit_values(dists, emitted.reshape(-1), random.Random(1234))
     return uniform_pvalue(values, PIT_BINS), outside
@@ -294,8 +294,8 @@ def sampled_pit_pvalue(url: str, prompt: str, requests_: int, tokens: int, top_p
     against the target's exact conditional (transformers). Returns (p-value of the outputs, p-value of the
     argmax tokens at the same positions, tokens outside the support)."""
     outputs, logits = _sampled_with_conditionals(url, prompt, requests_, tokens, top_p)
-    pvalue, outside = _pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
-    greedy_pvalue, _ = _pit_pvalue(logits, sampler_distribution(logits, top_p).argmax(dim=-1), top_p=top_p)
+    pvalue, outside = pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
+    greedy_pvalue, _ = pit_pvalue(logits, sampler_distribution(logits, top_p).argmax(dim=-1), top_p=top_p)
     return pvalue, greedy_pvalue, outside
 
 
@@ -323,8 +323,8 @@ def penalised_pit_pvalues(
         [torch.stack([penalised_logits(logits[r, k], out[:k], *args) for k in range(tokens)]) for r, out in
          enumerate(outputs)]
     )  # fmt: skip
-    pvalue, outside = _pit_pvalue(exact, torch.tensor(outputs), top_p=top_p)
-    unpenalised_pvalue, _ = _pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
+    pvalue, outside = pit_pvalue(exact, torch.tensor(outputs), top_p=top_p)
+    unpenalised_pvalue, _ = pit_pvalue(logits, torch.tensor(outputs), top_p=top_p)
     repeats = sum(1 for out in outputs for k in range(tokens) if out[k] in out[:k])
     return pvalue, unpenalised_pvalue, outside, repeats
 
@@ -346,7 +346,7 @@ def mixed_sampling_pvalues(url: str, prompt: str, groups: list[dict], requests_:
         assert len(outputs) >= requests_ * 0.9, "too many requests ended early (EOS) for the test"
         logits = conditionals(prompt, outputs)
         emitted = torch.tensor(outputs)
-        pvalue, outside = _pit_pvalue(logits, emitted, **params)
-        plain, _ = _pit_pvalue(logits, emitted)
+        pvalue, outside = pit_pvalue(logits, emitted, **params)
+        plain, _ = pit_pvalue(logits, emitted)
         report.append((pvalue, outside, plain))
     return report

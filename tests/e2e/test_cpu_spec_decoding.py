@@ -16,6 +16,10 @@
   without processors sharing batches. Without the plugin's per-node processing the DFLASH chain and tree differ on
   15 and 16 of 16 requests, EAGLE3 (which applied no processor) on 9. Sampled, the same processors: the forced
   tokens are the only ones drawn, and no token follows itself.
+- Grammar constraints (regex, JSON schema, EBNF; alone, with penalties, with a processor): every configuration's
+  greedy tokens equal the non-speculative server's, constrained and unconstrained requests sharing batches. Sampled
+  under a digits-only regex, every token is an exact sample of the target restricted to the all-digit tokens. With
+  the DFLASH tree's grammar masks built as if the tree were a chain, both fail (HTTP 500).
 - Concurrency beyond 8 (200 mixed requests, streams dropped) is ``test_reliability.py``'s, on the same trees.
 - Sampled (temperature 1, top-p 0.9), EAGLE3 tree and DFLASH tree: every emitted token is an exact sample of the
   target. Checked with the randomised probability integral transform: under the target's exact conditional p (from
@@ -33,11 +37,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+import torch
 from spec_common import (
     DFLASH_TREE,
     EAGLE3_TREE,
@@ -46,12 +52,15 @@ from spec_common import (
     TRAINED_DFLASH,
     TRAINED_EAGLE3,
     check_greedy_parity,
+    conditionals,
     generate,
     generate_all,
     greedy_reference,
     gsm8k_prompts,
+    hf_model,
     mixed_sampling_pvalues,
     penalised_pit_pvalues,
+    pit_pvalue,
     reference_tau,
     sampled_pit_pvalue,
     shared_tree_server,
@@ -260,6 +269,96 @@ def test_custom_logit_processors_see_each_draft_position_s_own_output(spec_serve
         tokens = tokens["output_ids"]
         repeats = [j for j in range(1, len(tokens)) if tokens[j] == tokens[j - 1]]
         assert not repeats, f"{spec_server.config}, sampled: a token repeated at {repeats}: {tokens}"
+
+
+# -- grammar-constrained decoding --------------------------------------------------------------------------------
+
+# name -> constraint: each one's grammar state changes token by token, so a draft node must be masked with the state
+# after its own path (SGLang builds those masks; the plugin's verify must apply them at every node)
+CONSTRAINTS = {
+    "regex": {"regex": r" [0-9]+ [a-z ]+\."},
+    "JSON schema": {
+        "json_schema": json.dumps(
+            {
+                "type": "object",
+                "properties": {"answer": {"type": "integer"}, "why": {"type": "string", "maxLength": 40}},
+                "required": ["answer", "why"],
+            }
+        )
+    },
+    "EBNF": {"ebnf": 'root ::= " The answer is " [0-9]+ "."'},
+}
+# the same requests with a penalty or a processor as well: the grammar mask and the per-node logit processing meet
+COMBINED = {
+    "JSON schema with penalties": {**CONSTRAINTS["JSON schema"], "repetition_penalty": 1.3, "frequency_penalty": 0.5},
+    "regex with a processor": {**CONSTRAINTS["regex"], "processor": serialized("NoRepeat"), "custom_params": {}},
+}
+GRAMMAR_PROMPTS = 4
+
+
+@pytest.fixture(scope="module")
+def constrained_reference(tiny_server, prompts):
+    """Non-speculative greedy outputs under each constraint."""
+    return {
+        name: [generate(tiny_server.base_url, p, **opts)["output_ids"] for p in prompts[:GRAMMAR_PROMPTS]]
+        for name, opts in {**CONSTRAINTS, **COMBINED}.items()
+    }
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_grammar_constrained_greedy_output_equals_non_speculative(spec_server, prompts, constrained_reference):
+    """Regex, JSON-schema and EBNF constraints, alone and with penalties or a processor: the greedy tokens equal the
+    non-speculative ones, constrained and unconstrained requests sharing batches."""
+    options = {**CONSTRAINTS, **COMBINED}
+    jobs = [(name, i) for name in options for i in range(GRAMMAR_PROMPTS)] + [(None, i) for i in range(4)]
+    url = spec_server.base_url
+    accepted_before = sum(spec_metrics(url).get("accepted_per_position", []))
+
+    def run(job):
+        name, i = job
+        return generate(url, prompts[i], **options.get(name, {}))
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outputs = list(pool.map(run, jobs))
+    for (name, i), out in zip(jobs, outputs):
+        if name is not None:
+            assert out["output_ids"] == constrained_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
+    ebnf = [out["text"] for (name, _), out in zip(jobs, outputs) if name == "EBNF"]
+    assert all(re.fullmatch(r" The answer is [0-9]+\.?", text) for text in ebnf), ebnf  # "." unless cut by length
+    accepted = sum(spec_metrics(url).get("accepted_per_position", [])) - accepted_before
+    assert accepted > 0, f"{spec_server.config}: no draft token accepted, the parity above compared no speculation"
+
+
+# A constraint that only digits meet, and that cannot end within the request: every conditional is the target's
+# restricted to the vocabulary's all-digit tokens, far from the unconstrained one.
+DIGITS = {"regex": "[0-9]{60,}"}
+DIGIT_REQUESTS = 200
+DIGIT_TOKENS = 6
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_grammar_constrained_sampling_follows_the_masked_target(spec_server, prompts):
+    """Sampled at temperature 1 under a digits-only regex, every token is an exact sample of the target's conditional
+    restricted to the tokens the grammar allows (rejected drafts included: the drafters do not see the grammar)."""
+    prompt = prompts[2]
+
+    def one(_):
+        return generate(spec_server.base_url, prompt, DIGIT_TOKENS, temperature=1.0, **DIGITS)["output_ids"]
+
+    with ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(one, range(DIGIT_REQUESTS)))
+    assert all(len(o) == DIGIT_TOKENS for o in outputs), "a digits-only request ended before its max_new_tokens"
+    model, tokenizer = hf_model()
+    vocab = model.config.vocab_size
+    allowed = torch.tensor([re.fullmatch("[0-9]+", tokenizer.decode([t])) is not None for t in range(vocab)])
+    logits = conditionals(prompt, outputs)  # [R, K, V]
+    emitted = torch.tensor(outputs)  # [R, K]
+    pvalue, outside = pit_pvalue(logits.masked_fill(~allowed, float("-inf")), emitted)
+    unmasked, _ = pit_pvalue(logits, emitted)
+    print(f"digits-only {spec_server.config}: PIT p-value {pvalue:.3g} (unconstrained target: {unmasked:.3g})")
+    assert outside == 0, f"{outside} sampled tokens are outside the grammar"
+    assert pvalue > 1e-3, f"constrained samples do not follow the masked target (p = {pvalue:.3g})"
+    assert unmasked < 1e-6, "the test cannot tell the masked target from the unconstrained one"
 
 
 PROMETHEUS_LINE = re.compile(r'^sglang_kimi:spec_accepted_per_position_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')
