@@ -24,9 +24,9 @@ speculative mode), --sampling-backend pytorch, --cuda-graph-backend-decode disab
 run eagerly instead of compiling at the first requests), and the CPU import shims for sgl_kernel / torchvision. On
 CPU, flags whose SGLang machinery needs a GPU are refused before weights load, naming the flag: LoRA, the
 hierarchical cache, deterministic inference, the memory saver, watermarking, batch overlaps, the routed-experts
-capture, prefill graphs, and --enable-torch-compile (SGLang's CPU graph runner serves only intel_amx, and no
-speculative algorithm). A flag set in SGLang's --config YAML file counts as given (the command line still wins over
-the file), and relative paths work in both.
+capture, block verification, prefill graphs, and --enable-torch-compile (SGLang's CPU graph runner serves only
+intel_amx, and no speculative algorithm). A flag set in SGLang's --config YAML file counts as given (the command line
+still wins over the file), and relative paths work in both.
 
 examples:
   sglang-kimi serve

@@ -472,6 +472,10 @@ CPU_UNSERVED_FLAGS = {
     "--enable-single-batch-overlap": "SGLang overlaps the MoE combine on a second CUDA stream",
     "--enable-two-batch-overlap": "SGLang overlaps two micro-batches on CUDA streams",
     "--enable-watermark": "SGLang's watermarking runs on CUDA devices only",
+    "--speculative-use-block-verification": (
+        "SGLang's block verification is a CUDA and ROCm sampling kernel (on CPU, sampled drafts are verified token by "
+        "token with the lossless rule)"
+    ),
 }
 
 

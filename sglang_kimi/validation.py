@@ -359,13 +359,18 @@ def _check_pair(cfg, algorithm: str):
 
     target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
     draft = load_config(cfg.speculative_draft_model_path, cfg.trust_remote_code, cfg.speculative_draft_model_revision)
+    tokens, flag = cfg.speculative_num_draft_tokens, "--speculative-num-draft-tokens"
+    block_size = getattr(cfg, "speculative_dflash_block_size", None)
+    if tokens is None and algorithm == "DFLASH" and block_size is not None:
+        # SGLang's alias for the DFLASH block: it becomes --speculative-num-draft-tokens after these checks
+        tokens, flag = int(block_size), "--speculative-dflash-block-size"
     drafter = validate_pair(
-        target, draft, num_draft_tokens=cfg.speculative_num_draft_tokens, expected_algorithm=algorithm
+        target, draft, num_draft_tokens=tokens, expected_algorithm=algorithm, draft_tokens_flag=flag
     )
     for message in pairing_warnings(
         target,
         draft,
-        num_draft_tokens=cfg.speculative_num_draft_tokens,
+        num_draft_tokens=tokens,
         target_path=cfg.model_path,
         draft_path=cfg.speculative_draft_model_path,
     ):

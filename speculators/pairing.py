@@ -146,7 +146,9 @@ def _check_layer_ids(field: str, layer_ids: Sequence[int], target: TargetInfo, p
         )
 
 
-def _dflash_problems(cfg: DFlashConfig, target: TargetInfo, num_draft_tokens: int | None) -> list[Mismatch]:
+def _dflash_problems(
+    cfg: DFlashConfig, target: TargetInfo, num_draft_tokens: int | None, flag: str = "--speculative-num-draft-tokens"
+) -> list[Mismatch]:
     problems: list[Mismatch] = []
     _check_vocab(DFLASH, cfg, target, problems)
     if cfg.hidden_size != target.hidden_size:
@@ -189,8 +191,8 @@ def _dflash_problems(cfg: DFlashConfig, target: TargetInfo, num_draft_tokens: in
                 Mismatch(
                     "block_size",
                     cfg.block_size,
-                    f"--speculative-num-draft-tokens {num_draft_tokens} requested",
-                    f"pass --speculative-num-draft-tokens {cfg.block_size} or less: the drafter was trained on "
+                    f"{flag} {num_draft_tokens} requested",
+                    f"pass {flag} {cfg.block_size} or less: the drafter was trained on "
                     f"blocks of {cfg.block_size} (root + {cfg.block_size - 1} drafts) and has never predicted "
                     "further positions",
                 )
@@ -200,8 +202,8 @@ def _dflash_problems(cfg: DFlashConfig, target: TargetInfo, num_draft_tokens: in
                 Mismatch(
                     "block_size",
                     cfg.block_size,
-                    f"--speculative-num-draft-tokens {num_draft_tokens} requested",
-                    f"pass --speculative-num-draft-tokens between 2 and {cfg.block_size} (the block counts the "
+                    f"{flag} {num_draft_tokens} requested",
+                    f"pass {flag} between 2 and {cfg.block_size} (the block counts the "
                     "root, so fewer than 2 drafts nothing)",
                 )
             )
@@ -257,12 +259,15 @@ def validate_pair(
     *,
     num_draft_tokens: int | None = None,
     expected_algorithm: str | None = None,
+    draft_tokens_flag: str = "--speculative-num-draft-tokens",
 ) -> DFlashConfig | Eagle3Config:
     """Check a drafter against its target; return the parsed drafter config or raise :class:`DrafterMismatchError`.
 
     target_config: the target's config (Kimi wrapper or DeepSeek-V3; dict, HF config object or path).
     draft_config: the drafter's config (dict, path, HF config object, or an already parsed config).
     num_draft_tokens: SGLang's ``--speculative-num-draft-tokens`` (DFlash: the block, root included).
+    draft_tokens_flag: the flag that set ``num_draft_tokens``, named in the errors (DFlash: SGLang's
+    ``--speculative-dflash-block-size`` sets it too).
     expected_algorithm: SGLang's ``--speculative-algorithm`` (``"DFLASH"`` or ``"EAGLE3"``); a drafter of the
     other kind is one mismatch, reported with the algorithm that fits it.
 
@@ -294,7 +299,7 @@ def validate_pair(
         )
     cfg = parse_drafter_config(draft_config)
     problems = (
-        _dflash_problems(cfg, target, num_draft_tokens)
+        _dflash_problems(cfg, target, num_draft_tokens, draft_tokens_flag)
         if algorithm == DFLASH
         else _eagle3_problems(cfg, target, num_draft_tokens)
     )

@@ -120,6 +120,12 @@ def cases(d):
         (dflash(d["dflash_hidden"]), ["hidden_size", "128", "256"]),
         (dflash(d["dflash_layers"]), ["target_layer_ids", "9"]),
         (dflash(d["dflash"], "--speculative-num-draft-tokens", "12"), ["block_size", "8", "12"]),
+        # SGLang's alias for the block, turned into --speculative-num-draft-tokens after the plugin's checks
+        (dflash(d["dflash"], "--speculative-dflash-block-size", "12"), ["--speculative-dflash-block-size 8 or less"]),
+        (
+            dflash(d["dflash"], "--speculative-dflash-block-size", "16", "--speculative-dflash-tree-budget", "16"),
+            ["--speculative-dflash-block-size 8 or less"],
+        ),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "0"), ["--speculative-dflash-tree-budget 0", "1..63"]),
         (
             dflash(d["dflash"], "--speculative-dflash-tree-budget", "64"),

@@ -375,6 +375,7 @@ def test_cpu_launch_passes_kv_cache_dtypes_sglang_serves_there(tmp_path, flags):
         ("--enable-lora", "LoRA layers keep their buffers in pinned host memory"),
         ("--enable-two-batch-overlap", "CUDA streams"),
         ("--enable-watermark", "watermarking runs on CUDA devices only"),
+        ("--speculative-use-block-verification", "CUDA and ROCm sampling kernel"),
     ],
 )
 def test_cpu_launch_refuses_flags_whose_machinery_needs_a_gpu(tmp_path, flag, reason):

@@ -179,6 +179,11 @@ def test_block_size_vs_num_draft_tokens():
     )
     p = only_problem(mismatch(kimi(), fixture(ZLAB_DFLASH), num_draft_tokens=1))
     assert "between 2 and 8" in p.fix
+    # set through SGLang's --speculative-dflash-block-size: the error names that flag
+    p = only_problem(
+        mismatch(kimi(), fixture(ZLAB_DFLASH), num_draft_tokens=16, draft_tokens_flag="--speculative-dflash-block-size")
+    )
+    assert p.fix.startswith("pass --speculative-dflash-block-size 8 or less") and "num-draft-tokens" not in str(p)
     for n in (2, 4, 8):
         validate_pair(kimi(), fixture(ZLAB_DFLASH), num_draft_tokens=n)
 
