@@ -287,7 +287,20 @@ def _backends(cfg) -> list[tuple[str, str | None]]:
 
 def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
     """What the plugin's DFLASH tree worker needs, for draft trees and for adaptive widths (every width is verified
-    as a tree): tree masks in the attention backends, page size 1, and SGLang's KVLocPlan."""
+    as a tree): tree masks in the attention backends, page size 1, SGLang's KVLocPlan, the drafter's full KV cache
+    (not SGLang's compact sliding window) and no DP attention. The worker checks the last two again, after the
+    weights load; here they are refused before."""
+    if cfg.speculative_draft_window_size is not None:
+        raise SpeculativeConfigError(
+            f"{flag_name} drafts over the drafter's whole KV cache, but --speculative-draft-window-size "
+            f"{cfg.speculative_draft_window_size} asks for SGLang's compact sliding-window cache: drop "
+            f"--speculative-draft-window-size (DFLASH chains serve it), or {drop}"
+        )
+    if getattr(cfg, "enable_dp_attention", False):
+        raise SpeculativeConfigError(
+            f"{flag_name} is not served with --enable-dp-attention (the tree worker verifies and commits on one "
+            f"attention group): drop --enable-dp-attention (EAGLE3 trees serve it), or {drop}"
+        )
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in TREE_MASK_BACKENDS:
             raise SpeculativeConfigError(

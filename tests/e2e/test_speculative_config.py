@@ -182,6 +182,15 @@ def cases(d):
             ["--decode-attention-backend is torch_native", "kimi_cpu"],
         ),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
+        # the tree worker refused these only after the target's weights had loaded
+        (
+            dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--speculative-draft-window-size", "16"),
+            ["--speculative-draft-window-size 16", "drop --speculative-draft-window-size"],
+        ),
+        (
+            dflash(d["dflash"], *adaptive(), "--speculative-draft-window-size", "16"),
+            ["--speculative-kimi-adaptive drafts over the drafter's whole KV cache"],
+        ),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
         # EAGLE draft shapes SGLang dies on with a bare TypeError / AssertionError
         (

@@ -90,3 +90,35 @@ def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, mon
     monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: True)
     with pytest.raises(SpeculativeConfigError, match="on ROCm sampled requests would be verified greedily"):
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
+
+
+def tree_settings(**fields):
+    return SimpleNamespace(
+        **{
+            "attention_backend": "triton",
+            "decode_attention_backend": None,
+            "prefill_attention_backend": None,
+            "page_size": 1,
+            "speculative_draft_window_size": None,
+            "enable_dp_attention": False,
+            **fields,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"speculative_draft_window_size": 16}, "--speculative-draft-window-size 16 asks for SGLang's compact"),
+        ({"enable_dp_attention": True}, "is not served with --enable-dp-attention"),
+        ({"page_size": 16}, r"needs --page-size 1 \(got 16\)"),
+        ({"decode_attention_backend": "flashinfer"}, "--decode-attention-backend is flashinfer"),
+    ],
+)
+def test_what_the_tree_worker_cannot_serve_is_refused_before_the_weights_load(fields, message):
+    """The DFLASH tree worker (draft trees and adaptive DFLASH) refused a sliding-window draft cache and DP attention
+    in its constructor, after the target's weights had loaded; SGLang refuses DFLASH with DP attention on CPU itself,
+    so that case is only reachable on a GPU."""
+    validation._check_tree_verify(tree_settings(), "--speculative-dflash-tree-budget", "drop the flag")
+    with pytest.raises(SpeculativeConfigError, match=message):
+        validation._check_tree_verify(tree_settings(**fields), "--speculative-dflash-tree-budget", "drop the flag")
