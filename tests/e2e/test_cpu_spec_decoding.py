@@ -16,6 +16,8 @@
   without processors sharing batches. Without the plugin's per-node processing the DFLASH chain and tree differ on
   15 and 16 of 16 requests, EAGLE3 (which applied no processor) on 9. Sampled, the same processors: the forced
   tokens are the only ones drawn, and no token follows itself.
+- Stops met inside a step (stop strings, kept or trimmed, stop tokens and regexes, after min_new_tokens): the text,
+  tokens and finish reason equal the non-speculative server's.
 - Grammar constraints (regex, JSON schema, EBNF; alone, with penalties, with a processor): every configuration's
   greedy tokens equal the non-speculative server's, constrained and unconstrained requests sharing batches. Sampled
   under a digits-only regex, every token is an exact sample of the target restricted to the all-digit tokens. With
@@ -269,6 +271,49 @@ def test_custom_logit_processors_see_each_draft_position_s_own_output(spec_serve
         tokens = tokens["output_ids"]
         repeats = [j for j in range(1, len(tokens)) if tokens[j] == tokens[j - 1]]
         assert not repeats, f"{spec_server.config}, sampled: a token repeated at {repeats}: {tokens}"
+
+
+# -- stops inside a step ------------------------------------------------------------------------------------------
+
+# A speculative step commits several tokens at once: a stop string, stop token or regex met inside them ends the
+# output where non-speculative decoding ends it (the tokens after it dropped), min_new_tokens included.
+STOPS = {
+    "stop string": {"stop": ["<<"]},
+    "two stop strings": {"stop": ["=", "\n"]},
+    "stop string kept": {"stop": [" the"], "no_stop_trim": True},
+    "stop string after min_new_tokens": {"stop": ["<<"], "min_new_tokens": 20},
+    "stop token after min_new_tokens": {"stop_token_ids": [13], "min_new_tokens": 10},
+    "stop regex": {"stop_regex": ["[0-9]{2}"]},
+}
+STOP_PROMPTS = 4
+
+
+def generate_stopped(url: str, prompt, options: dict) -> tuple:
+    out = generate(url, prompt, 80, **options)
+    return out["text"], out["output_ids"], out["meta_info"]["finish_reason"]
+
+
+@pytest.fixture(scope="module")
+def stopped_reference(tiny_server, prompts):
+    return {
+        name: [generate_stopped(tiny_server.base_url, p, opts) for p in prompts[:STOP_PROMPTS]]
+        for name, opts in STOPS.items()
+    }
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_stops_met_inside_a_step_end_the_output_where_non_speculative_decoding_does(
+    spec_server, prompts, stopped_reference
+):
+    jobs = [(name, i) for name in STOPS for i in range(STOP_PROMPTS)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outputs = list(
+            pool.map(lambda job: generate_stopped(spec_server.base_url, prompts[job[1]], STOPS[job[0]]), jobs)
+        )
+    for (name, i), out in zip(jobs, outputs):
+        assert out == stopped_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
+    matched = [out[2].get("matched") for out in outputs]
+    assert sum(m is not None for m in matched) >= len(jobs) // 2, f"few requests met their stop: {matched}"
 
 
 # -- grammar-constrained decoding --------------------------------------------------------------------------------
