@@ -290,10 +290,11 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
     as a tree): tree masks in the attention backends, page size 1, SGLang's KVLocPlan, the drafter's full KV cache
     (not SGLang's compact sliding window) and no DP attention. The worker checks the last two again, after the
     weights load; here they are refused before."""
-    if cfg.speculative_draft_window_size is not None:
+    window = getattr(cfg, "speculative_draft_window_size", None)  # SGLang 0.5.22+
+    if window is not None:
         raise SpeculativeConfigError(
             f"{flag_name} drafts over the drafter's whole KV cache, but --speculative-draft-window-size "
-            f"{cfg.speculative_draft_window_size} asks for SGLang's compact sliding-window cache: drop "
+            f"{window} asks for SGLang's compact sliding-window cache: drop "
             f"--speculative-draft-window-size (DFLASH chains serve it), or {drop}"
         )
     if getattr(cfg, "enable_dp_attention", False):
