@@ -146,6 +146,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "without the CuTe DSL (nvidia-cutlass-dsl) on a CUDA device: SGLang's Llama MLP, the EAGLE3 drafter's, "
         "imports its fused dual GEMM at construction (ModuleNotFoundError: cutlass); keep the two GEMMs",
         when=CUDA_STAND_IN,
+        since=(0, 5, 22),  # the fused dual GEMM arrived there
     ),
     Entry(
         "cuda-stand-in-tree-build",
@@ -158,6 +159,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.kernels.ops.speculative.tree.build_tree_kernel_efficient",
             "sglang.kernels.ops.speculative.spec_tree.sgl_build_tree_kernel_triton",
         ),
+        since=(0, 5, 23),  # SGLang's Triton version of the kernel arrived there
     ),
     Entry(
         "cuda-stand-in-tree-verify",
@@ -170,6 +172,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.kernels.ops.speculative.tree.verify_tree_greedy",
             "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton",
         ),
+        since=(0, 5, 23),  # SGLang's Triton version of the kernel arrived there
     ),
     Entry(
         "cpu-dflash-record-stream",
