@@ -299,8 +299,8 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
         )
     if getattr(cfg, "enable_dp_attention", False):
         raise SpeculativeConfigError(
-            f"{flag_name} is not served with --enable-dp-attention (the tree worker verifies and commits on one "
-            f"attention group): drop --enable-dp-attention (EAGLE3 trees serve it), or {drop}"
+            f"{flag_name} is not served with --enable-dp-attention (the DFLASH tree worker has no DP-attention "
+            f"path): drop --enable-dp-attention (EAGLE3 trees serve it), or {drop}"
         )
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in TREE_MASK_BACKENDS:
