@@ -15,7 +15,8 @@ from sglang_kimi.version import __version__
 
 SERVE_EPILOG = """\
 Every argument not listed above goes to `python -m sglang.launch_server` unchanged. Defaults added when not
-given: --model-path (the embedded tiny Kimi-K2.6 model), --host 127.0.0.1, --port 30000, and
+given: --model-path (the embedded tiny Kimi-K2.6 model; with it, --speculative-algorithm DFLASH or EAGLE3 gets
+--speculative-draft-model-path the embedded drafter trained for it), --host 127.0.0.1, --port 30000, and
 --language-model-only for a local multimodal checkpoint that ships no image processor (such as the embedded
 model: SGLang cannot start it otherwise). On a machine without a GPU also: SGLANG_USE_CPU_ENGINE=1,
 --device cpu, --attention-backend kimi_cpu (the plugin's CPU backend, which serves autoregressive and every
@@ -30,6 +31,7 @@ still wins over the file), and relative paths work in both.
 
 examples:
   sglang-kimi serve
+  sglang-kimi serve --speculative-algorithm DFLASH --speculative-dflash-tree-budget 16
   sglang-kimi serve --model-path moonshotai/Kimi-K2.6 --tp 8 --speculative-algorithm DFLASH \\
       --speculative-draft-model-path z-lab/Kimi-K2.6-DFlash --speculative-num-draft-tokens 8
 """

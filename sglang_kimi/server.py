@@ -34,6 +34,8 @@ ASSETS_DIR = Path(__file__).parent / "assets"
 TINY_MODEL = ASSETS_DIR / "tiny-kimi-k2.6"
 TINY_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"  # DFlash drafter (z-lab format) for the tiny model
 TINY_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"  # EAGLE3 drafter (SpecForge format) for the tiny model
+# the drafter `serve` adds for a speculative algorithm when it serves the embedded model and no drafter is given
+EMBEDDED_DRAFTERS = {"DFLASH": TINY_DFLASH, "EAGLE3": TINY_EAGLE3}
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 
@@ -527,7 +529,8 @@ def check_cpu_args(args: list[str]) -> None:
 def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int | None = None) -> LaunchSpec:
     """The argv and environment that start ``sglang.launch_server`` with ``sglang_args``.
 
-    Defaults: ``--model-path`` is the embedded tiny Kimi model, ``--host`` 127.0.0.1, ``--port`` 30000
+    Defaults: ``--model-path`` is the embedded tiny Kimi model (with ``--speculative-algorithm DFLASH`` or
+    ``EAGLE3``, ``--speculative-draft-model-path`` its embedded drafter), ``--host`` 127.0.0.1, ``--port`` 30000
     (or ``port``; :data:`ANY_PORT`: a free one, which :class:`ServerProcess` replaces if another process binds it
     between the pick and SGLang's bind, as servers started side by side and their clients' sockets can); on a
     CPU-only machine (``cpu`` None: detected) the :data:`CPU_DEFAULTS` the user did not give, the CPU environment
@@ -541,6 +544,9 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
             args += [flag, absolute]
     if not _has_flag(args + config, "--model-path"):
         args = ["--model-path", str(TINY_MODEL)] + args
+        drafter = EMBEDDED_DRAFTERS.get((_flag_value(args + config, "--speculative-algorithm") or "").upper())
+        if drafter is not None and not _has_flag(args + config, "--speculative-draft-model-path"):
+            args += ["--speculative-draft-model-path", str(drafter)]  # the embedded model's own drafter
     model_path = _flag_value(args + config, "--model-path")
     check_model_path(model_path)
     if lacks_image_processor(model_path) and not _has_flag(args + config, "--language-model-only"):

@@ -567,3 +567,31 @@ def test_cpu_launch_runs_sglang_s_compiled_helpers_eagerly(tmp_path, monkeypatch
     assert server.DYNAMO_DISABLE_ENV not in server.launch_command(model, cpu=False, port=server.ANY_PORT).env
     monkeypatch.setenv(server.DYNAMO_DISABLE_ENV, "0")
     assert server.launch_command(model, cpu=True, port=server.ANY_PORT).env[server.DYNAMO_DISABLE_ENV] == "0"
+
+
+@pytest.mark.parametrize(
+    "flags, drafter",
+    [
+        (["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"], server.TINY_DFLASH),
+        (["--speculative-algorithm=eagle3", "--speculative-num-steps", "3"], server.TINY_EAGLE3),
+    ],
+)
+def test_serving_the_embedded_model_with_a_speculative_algorithm_takes_its_embedded_drafter(flags, drafter, tmp_path):
+    """`sglang-kimi serve --speculative-algorithm DFLASH` with no model: the embedded model and the drafter trained
+    for it (SGLang otherwise refuses the launch for want of a drafter). A drafter given, a config file's included,
+    or a model of the user's, and nothing is added."""
+
+    def draft_paths(args):
+        argv = server.launch_command(args, cpu=True, port=server.ANY_PORT).argv
+        return [argv[i + 1] for i, a in enumerate(argv) if a == "--speculative-draft-model-path"]
+
+    assert draft_paths(flags) == [str(drafter)]
+    other = tmp_path / "drafter"
+    assert draft_paths([*flags, "--speculative-draft-model-path", str(other)]) == [str(other)]
+    (tmp_path / "serve.yaml").write_text(f"speculative-draft-model-path: {other}\n")
+    assert draft_paths([*flags, "--config", str(tmp_path / "serve.yaml")]) == []  # the file's, as SGLang merges it
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert draft_paths(["--model-path", str(model), *flags]) == []  # the launch names the missing drafter
+    assert draft_paths(["--speculative-algorithm", "NGRAM"]) == []  # NGRAM drafts from the prompt
