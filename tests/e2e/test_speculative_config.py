@@ -146,6 +146,10 @@ def cases(d):
         ),
         (dflash("/nonexistent/drafter"), ["/nonexistent/drafter", "does not exist"]),
         (
+            ["--speculative-algorithm", "EAGLE3", "--attention-backend", "kimi_cpu"],
+            ["EAGLE3 needs --speculative-draft-model-path"],
+        ),
+        (
             dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
             ["torch_native", "triton", "kimi_cpu"],
         ),
