@@ -55,11 +55,61 @@ def _check_draft_path(path: str | None, algorithm: str) -> None:
         )
 
 
-def load_config(path: str, trust_remote_code: bool, revision: str | None):
-    """A checkpoint's HF config through SGLang's own loader (local folder or hub id; Kimi's wrapper config)."""
+def load_config(path: str, trust_remote_code: bool, revision: str | None, flag: str = "--model-path"):
+    """A checkpoint's HF config through SGLang's own loader (local folder or hub id; Kimi's wrapper config). A
+    config.json that does not parse is refused naming the flag (transformers raises OSError or ValueError)."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    return get_config(path, trust_remote_code=trust_remote_code, revision=revision)
+    local = Path(path).expanduser() / "config.json"
+    try:
+        return get_config(path, trust_remote_code=trust_remote_code, revision=revision)
+    except (OSError, ValueError) as e:
+        if not local.is_file():  # a hub id: the download's own error says more than a rewording would
+            raise
+        raise SpeculativeConfigError(f"{flag} {path}: its config.json cannot be read ({e}): fix or replace it") from e
+
+
+# Load formats whose drafter tensors are read from safetensors files the check below can read the headers of.
+SAFETENSORS_LOAD_FORMATS = ("auto", "safetensors")
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """A hub id's snapshot folder in the Hugging Face cache; None when nothing of it is cached."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError):
+        return None
+
+
+def _check_drafter_tensors(cfg, drafter) -> None:
+    """Refuse a drafter checkpoint that lacks a tensor its config calls for (SGLang's loaders would serve the
+    parameter uninitialized), before any weight loads. Runs on a local folder, and on a hub id whose safetensors
+    are all in the Hugging Face cache (SGLang downloads the rest later, so a partial snapshot is not judged)."""
+    from sglang_kimi.speculators.drafter_tensors import DrafterCheckpointError, check_checkpoint, safetensors_files
+
+    path = cfg.speculative_draft_model_path
+    load_format = cfg.speculative_draft_load_format or cfg.load_format or "auto"
+    if str(load_format) not in SAFETENSORS_LOAD_FORMATS:
+        return  # random weights (dummy), .bin files, remote or sharded formats: no safetensors headers to read
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        folder = _cached_snapshot(path, cfg.speculative_draft_model_revision)
+        try:
+            complete = folder is not None and bool(safetensors_files(folder))
+        except DrafterCheckpointError:  # shards listed in the index are still to come
+            complete = False
+        if not complete:
+            logger.info("sglang-kimi: drafter %s is not downloaded yet: its tensor names are not checked", path)
+            return
+    try:
+        warnings = check_checkpoint(folder, drafter)
+    except DrafterCheckpointError as e:
+        raise SpeculativeConfigError(f"--speculative-draft-model-path {path}: {e}") from e
+    for message in warnings:
+        logger.warning("sglang-kimi: %s", message)
 
 
 def _check_adaptive(cfg, algorithm: str | None, args):
@@ -372,7 +422,12 @@ def _check_pair(cfg, algorithm: str):
     from sglang_kimi.speculators.pairing import pairing_warnings, validate_pair
 
     target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
-    draft = load_config(cfg.speculative_draft_model_path, cfg.trust_remote_code, cfg.speculative_draft_model_revision)
+    draft = load_config(
+        cfg.speculative_draft_model_path,
+        cfg.trust_remote_code,
+        cfg.speculative_draft_model_revision,
+        flag="--speculative-draft-model-path",
+    )
     tokens, flag = cfg.speculative_num_draft_tokens, "--speculative-num-draft-tokens"
     block_size = getattr(cfg, "speculative_dflash_block_size", None)
     if tokens is None and algorithm == "DFLASH" and block_size is not None:
@@ -389,6 +444,7 @@ def _check_pair(cfg, algorithm: str):
         draft_path=cfg.speculative_draft_model_path,
     ):
         logger.warning("sglang-kimi: %s", message)
+    _check_drafter_tensors(cfg, drafter)
     return drafter
 
 

@@ -4,6 +4,7 @@ EAGLE3 drafters are published in (and SGLang loads with ``--speculative-draft-mo
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model."): v for k, v in load_file(path / "model.safetensors").items()}
 
 
-def check_names(path: Path, missing: set[str], unexpected: set[str]) -> None:
+def check_names(path: Path, missing: Collection[str], unexpected: Collection[str]) -> None:
     """Refuse a checkpoint whose tensor names are not the config's."""
     if missing or unexpected:
         raise DrafterConfigError(

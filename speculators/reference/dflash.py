@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..configs import DFlashConfig
+from ..drafter_tensors import name_problems
 from . import checkpoint
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
@@ -268,22 +269,9 @@ class DFlashDrafter(nn.Module):
         path = Path(path)
         model = cls(DFlashConfig.from_pretrained(path))
         sd = checkpoint.load_tensors(path)
-        checkpoint.check_names(path, set(model.state_dict()) - set(sd), set(sd) - set(model.state_dict()))
+        checkpoint.check_names(path, *name_problems(model.config, sd))
         model.load_state_dict(sd)
         return model.to(dtype).eval()
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
         checkpoint.save(self, self.config.to_dict(), path, dtype)
-
-
-def published_weight_names(config: DFlashConfig) -> list[str]:
-    """Tensor names of a z-lab DFlash checkpoint for this config (11 per layer + fc, hidden_norm, norm)."""
-    per_layer = [
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-        "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-    ]  # fmt: skip
-    if config.attention_bias:
-        per_layer += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
-    names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in per_layer]
-    return sorted(names + ["fc.weight", "hidden_norm.weight", "norm.weight"])

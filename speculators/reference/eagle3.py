@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..configs import GQA, Eagle3Config, yarn_get_mscale
+from ..drafter_tensors import canonical_name, name_problems
 from . import checkpoint
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
@@ -326,40 +327,18 @@ class Eagle3Drafter(nn.Module):
         are published), a ``model.`` prefix is dropped; d2t / t2d may be absent when the draft vocab is full."""
         path = Path(path)
         model = cls(Eagle3Config.from_pretrained(path))
-        sd = {}
-        for name, t in checkpoint.load_tensors(path).items():
-            if name.startswith("layers.0."):
-                name = "midlayer." + name[len("layers.0.") :]
-            sd[name] = t
-        own = model.state_dict()
-        optional = {"d2t", "t2d"} if model.config.draft_vocab_size == model.config.vocab_size else set()
-        checkpoint.check_names(path, set(own) - set(sd) - optional, set(sd) - set(own) - {"embed_tokens.weight"})
+        cfg = model.config
+        sd = {canonical_name(cfg, name): t for name, t in checkpoint.load_tensors(path).items()}
+        missing, unexpected = name_problems(cfg, sd)
+        if "lm_head.weight" not in sd and "lm_head.weight" not in missing:  # no target head to share here
+            missing.append("lm_head.weight")
+        checkpoint.check_names(path, set(missing), set(unexpected))
         sd.pop("embed_tokens.weight", None)
         model.load_state_dict(sd, strict=False)
         return model.to(dtype).eval()
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
         checkpoint.save(self, self.config.to_dict(), path, dtype)
-
-
-def published_weight_names(config: Eagle3Config) -> list[str]:
-    """Tensor names of a SpecForge / lightseek EAGLE3 checkpoint for this config."""
-    attn = (
-        ["q_proj", "k_proj", "v_proj", "o_proj"]
-        if config.attention == GQA
-        else ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"]
-    )
-    names = [f"midlayer.self_attn.{n}.weight" for n in attn]
-    names += [f"midlayer.mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
-    names += [f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")]
-    names += ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"]
-    if config.fc_bias:
-        names.append("fc.bias")
-    if config.fc_norm:
-        names += [f"fc_norm.{i}.weight" for i in range(config.num_aux_hidden_states)]
-    if config.norm_before_fc:
-        names.append("input_norm.weight")
-    return sorted(names)
 
 
 def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:

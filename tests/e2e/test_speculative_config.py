@@ -66,6 +66,17 @@ def drafters(tmp_path_factory):
         "dflash_vocab": _edit_config(write_dflash(root / "dflash_vocab", block_size=8), vocab_size=5000),
         "dflash_hidden": _edit_config(write_dflash(root / "dflash_hidden", block_size=8), hidden_size=128),
         "dflash_layers": _edit_config(write_dflash(root / "dflash_layers", block_size=8), target_layer_ids=[1, 9]),
+        # checkpoints SGLang's drafter loaders would serve with parameters left uninitialized, or fail on late
+        "dflash_missing": _edit_tensors(write_dflash(root / "dflash_missing", block_size=8), drop="layers.1.mlp."),
+        "eagle3_head_in_model": _edit_tensors(
+            write_eagle3(root / "eagle3_head"), rename=("lm_head.", "model.lm_head.")
+        ),
+        "dflash_no_weights": _edit_tensors(write_dflash(root / "dflash_no_weights", block_size=8), drop=""),
+        "dflash_truncated": _truncate(write_dflash(root / "dflash_truncated", block_size=8)),
+        "dflash_bad_json": _write_in(write_dflash(root / "dflash_bad_json", block_size=8), "config.json", "{oops"),
+        # read as published: model. prefixes, layers.0. for EAGLE3's midlayer, an extra tensor (warned)
+        "dflash_prefixed": _edit_tensors(write_dflash(root / "dflash_prefixed", block_size=8), rename=("", "model.")),
+        "eagle3_layers0": _edit_tensors(write_eagle3(root / "eagle3_layers0"), rename=("midlayer.", "model.layers.0.")),
         "adaptive": _write(root / "adaptive.json", json.dumps({"widths": [0, 1, 3], "explore_every": 10})),
         "adaptive_bad_json": _write(root / "adaptive_bad.json", '{"widths": [0, 1,'),
         "adaptive_unknown": _write(root / "adaptive_unknown.json", json.dumps({"width": [0, 1]})),
@@ -79,6 +90,34 @@ def drafters(tmp_path_factory):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+def _write_in(folder, name, text):
+    (folder / name).write_text(text)
+    return folder
+
+
+def _edit_tensors(folder, *, drop=None, rename=None):
+    """Drop the tensors whose names start with ``drop`` (all of them with "": the file goes), or rename a prefix."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    if drop is not None:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(drop)}
+    if rename is not None:
+        old, new = rename
+        tensors = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in tensors.items()}
+    path.unlink()
+    if tensors:
+        save_file(tensors, path)
+    return folder
+
+
+def _truncate(folder):
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return folder
 
 
 def adaptive(config=None, *extra):
@@ -145,6 +184,14 @@ def cases(d):
             ["pass --speculative-algorithm DFLASH"],
         ),
         (dflash("/nonexistent/drafter"), ["/nonexistent/drafter", "does not exist"]),
+        (dflash(d["dflash_missing"]), ["lack 3 of the 25 tensors", "layers.1.mlp.down_proj.weight", "uninitialized"]),
+        (
+            eagle3(d["eagle3_head_in_model"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
+            ["lack 1 of the 15 tensors: lm_head.weight (it has model.lm_head.weight, names"],
+        ),
+        (dflash(d["dflash_no_weights"]), ["holds no weights", "*.safetensors"]),
+        (dflash(d["dflash_truncated"]), ["model.safetensors is not a readable safetensors file"]),
+        (dflash(d["dflash_bad_json"]), ["--speculative-draft-model-path", "config.json cannot be read"]),
         (
             ["--speculative-algorithm", "EAGLE3", "--attention-backend", "kimi_cpu"],
             ["EAGLE3 needs --speculative-draft-model-path"],
@@ -299,6 +346,9 @@ def good_settings(drafters) -> list[list[str]]:
     return [
         dflash(drafters["dflash"]),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
+        dflash(drafters["dflash_prefixed"]),
+        eagle3(drafters["eagle3_layers0"]),
+        dflash(drafters["dflash_missing"], "--speculative-draft-load-format", "dummy"),  # random weights: no check
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                "--speculative-num-draft-tokens", "6"),
         eagle3(drafters["eagle3"]),  # SGLang picks the draft shape

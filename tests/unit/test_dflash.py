@@ -22,7 +22,8 @@ from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture
 from support.targets import TinyTarget
 
 from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
-from sglang_kimi.speculators.reference.dflash import DFlashDrafter, published_weight_names
+from sglang_kimi.speculators.drafter_tensors import published_weight_names
+from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.layers import Rope, rope_for
 from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, DraftContext, generate
 

@@ -27,7 +27,8 @@ from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture
 from support.targets import TinyTarget
 
 from sglang_kimi.speculators.configs import DrafterConfigError, Eagle3Config
-from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map, published_weight_names
+from sglang_kimi.speculators.drafter_tensors import published_weight_names
+from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map
 from sglang_kimi.speculators.reference.layers import rope_for
 from sglang_kimi.speculators.reference.loop import DraftContext, EagleProposer, generate
 

@@ -122,3 +122,58 @@ def test_what_the_tree_worker_cannot_serve_is_refused_before_the_weights_load(fi
     validation._check_tree_verify(tree_settings(), "--speculative-dflash-tree-budget", "drop the flag")
     with pytest.raises(SpeculativeConfigError, match=message):
         validation._check_tree_verify(tree_settings(**fields), "--speculative-dflash-tree-budget", "drop the flag")
+
+
+def _drafter_settings(path, load_format=None):
+    return SimpleNamespace(
+        speculative_draft_model_path=str(path),
+        speculative_draft_model_revision="main",
+        speculative_draft_load_format=load_format,
+        load_format="auto",
+    )
+
+
+def _cache_snapshot(cache, repo_id, files):
+    """A Hugging Face hub cache holding ``files`` of ``repo_id`` at main (the layout snapshot_download reads)."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for file in files:
+        shutil.copy(file, snapshot / file.name)
+    return snapshot
+
+
+def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, monkeypatch, caplog):
+    """The checkpoint check reads a local folder, and a hub id once all its safetensors are cached; a hub id with
+    only its config cached (SGLang downloads the weights later) is left for then, saying so."""
+    import huggingface_hub.constants
+    from safetensors.torch import load_file, save_file
+
+    from sglang_kimi.server import TINY_DFLASH
+    from sglang_kimi.speculators.configs import parse_drafter_config
+
+    drafter = parse_drafter_config(TINY_DFLASH)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((TINY_DFLASH / "config.json").read_text())
+    save_file({k: v for k, v in load_file(TINY_DFLASH / "model.safetensors").items() if k != "norm.weight"},
+              broken / "model.safetensors")  # fmt: skip
+    validation._check_drafter_tensors(_drafter_settings(TINY_DFLASH), drafter)
+    with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path .*broken: .*: norm\.weight\."):
+        validation._check_drafter_tensors(_drafter_settings(broken), drafter)
+    validation._check_drafter_tensors(_drafter_settings(broken, load_format="dummy"), drafter)  # random weights
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    _cache_snapshot(cache, "org/broken", [broken / "config.json", broken / "model.safetensors"])
+    with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path org/broken: .*norm\.weight"):
+        validation._check_drafter_tensors(_drafter_settings("org/broken"), drafter)
+    _cache_snapshot(cache, "org/config-only", [broken / "config.json"])
+    with caplog.at_level("INFO", logger="sglang_kimi"):
+        validation._check_drafter_tensors(_drafter_settings("org/config-only"), drafter)
+        validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
+    assert caplog.text.count("is not downloaded yet: its tensor names are not checked") == 2

@@ -153,7 +153,8 @@ target, drafter, bad = sys.argv[1:4]
 def cfg(draft):
     return types.SimpleNamespace(model_path=target, trust_remote_code=False, revision=None,
                                  speculative_draft_model_path=draft, speculative_draft_model_revision=None,
-                                 speculative_num_draft_tokens=8)
+                                 speculative_num_draft_tokens=8, load_format="auto",
+                                 speculative_draft_load_format="dummy")  # config-only folders: random weights
 class Count(logging.Handler):
     seen = 0
     def emit(self, record):
