@@ -187,7 +187,7 @@ def cases(d):
         (dflash(d["dflash_missing"]), ["lack 3 of the 25 tensors", "layers.1.mlp.down_proj.weight", "uninitialized"]),
         (
             eagle3(d["eagle3_head_in_model"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
-            ["lack 1 of the 15 tensors: lm_head.weight (it has model.lm_head.weight, names"],
+            ["lack 1 of the 15", "calls for: lm_head.weight (it has model.lm_head.weight, names"],
         ),
         (dflash(d["dflash_no_weights"]), ["holds no weights", "*.safetensors"]),
         (dflash(d["dflash_truncated"]), ["model.safetensors is not a readable safetensors file"]),
