@@ -100,12 +100,25 @@ def canonical_name(config: DFlashConfig | Eagle3Config, name: str) -> str:
     return name
 
 
+def is_quantized(config: DFlashConfig | Eagle3Config) -> bool:
+    """A checkpoint exported quantized (``quantization_config`` in its config.json): a linear layer's ``weight``
+    may be stored as other tensors of the same module (``weight_packed``, ``qweight``, scales)."""
+    return "quantization_config" in config.extra
+
+
 def name_problems(config: DFlashConfig | Eagle3Config, names: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(missing, unexpected): published names absent from ``names``, and names no loader reads."""
+    """(missing, unexpected): published names absent from ``names``, and names no loader reads. In a quantized
+    checkpoint a published ``<module>.weight`` counts as present when any tensor of that module is, and the
+    module's other tensors are expected."""
     have = {canonical_name(config, n) for n in names}
     published = set(published_weight_names(config))
     missing = published - have - optional_names(config)
     unexpected = have - published - ignored_names(config)
+    if is_quantized(config):
+        modules = {n.removesuffix("weight") for n in published if n.endswith(".weight")}
+        stored = {m for m in modules if any(h.startswith(m) for h in have)}
+        missing = {n for n in missing if n.removesuffix("weight") not in stored}
+        unexpected = {n for n in unexpected if not any(n.startswith(m) for m in stored)}
     return sorted(missing), sorted(unexpected)
 
 

@@ -128,3 +128,20 @@ def test_optional_eagle3_names():
     assert from_target.lm_head_from_target
     assert name_problems(from_target, [n for n in without_maps if n != "lm_head.weight"]) == ([], [])
     assert name_problems(full, [n for n in without_maps if n != "lm_head.weight"]) == (["lm_head.weight"], [])
+
+
+def test_quantized_checkpoints_store_a_weight_as_its_module_s_tensors():
+    config = scaled_dflash(quantization_config={"quant_method": "compressed-tensors"})
+    quantized = DFlashConfig.from_dict(config)
+    packed = []
+    for name in published_weight_names(quantized):
+        if name.endswith("_proj.weight") or name == "fc.weight":
+            packed += [name.replace(".weight", ".weight_packed"), name.replace(".weight", ".weight_scale")]
+        else:
+            packed.append(name)
+    assert name_problems(quantized, packed) == ([], [])
+    without = [n for n in packed if not n.startswith("layers.1.mlp.up_proj.")]
+    assert name_problems(quantized, without) == (["layers.1.mlp.up_proj.weight"], [])
+    plain = DFlashConfig.from_dict(scaled_dflash())  # not quantized: the packed names are not the published ones
+    missing, unexpected = name_problems(plain, packed)
+    assert "fc.weight" in missing and "fc.weight_packed" in unexpected
