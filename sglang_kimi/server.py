@@ -325,20 +325,58 @@ def lacks_image_processor(model_path: str) -> bool:
         return False  # an unreadable config is SGLang's to report
 
 
-def check_model_path(model_path: str) -> None:
+def check_model_path(model_path: str, revision: str | None = None, flag: str = "--model-path") -> None:
+    """A checkpoint folder with its config.json, or a hub id SGLang can resolve: in the hub cache, or (online) on a
+    hub that answers for it. Raises :class:`LaunchError` naming the fix; the hub is asked once, for config.json."""
     path = Path(model_path).expanduser()
+    what = "model path" if flag == "--model-path" else flag
     if path.exists():
         if path.is_dir() and not (path / "config.json").exists():
-            raise LaunchError(f"model path {model_path} has no config.json: point --model-path at a checkpoint folder")
+            raise LaunchError(f"{what} {model_path} has no config.json: point {flag} at a checkpoint folder")
         return
     if HUB_ID.match(model_path):  # a hub id, resolved by SGLang: downloaded, or read from the hub cache offline
-        if not hub_offline() or _in_hub_cache(model_path):
+        if _in_hub_cache(model_path, revision):
             return
-        raise LaunchError(
-            f"model path {model_path} is no local folder, and HF_HUB_OFFLINE is set while the hub cache lacks it: "
-            f"download it first (`hf download {model_path}`), unset HF_HUB_OFFLINE, or pass a checkpoint folder"
+        if hub_offline():
+            raise LaunchError(
+                f"{what} {model_path} is no local folder, and HF_HUB_OFFLINE is set while the hub cache lacks it: "
+                f"download it first (`hf download {model_path}`), unset HF_HUB_OFFLINE, or pass a checkpoint folder"
+            )
+        problem = (
+            None if os.environ.get(MODELSCOPE_ENV, "").lower() in ("1", "true") else hub_problem(model_path, revision)
         )
-    raise LaunchError(f"model path {model_path} does not exist: pass --model-path with an existing checkpoint folder")
+        if problem:
+            raise LaunchError(f"{what} {model_path} is not in the Hugging Face cache, and {problem}")
+        return
+    raise LaunchError(f"{what} {model_path} does not exist: pass {flag} with an existing checkpoint folder")
+
+
+MODELSCOPE_ENV = "SGLANG_USE_MODELSCOPE"  # SGLang then downloads from ModelScope, not the Hugging Face hub
+
+
+def hub_problem(repo_id: str, revision: str | None = None) -> str | None:
+    """Why SGLang could not fetch ``repo_id``'s config.json from the Hugging Face hub now, with the fix; None when it
+    can, or when the hub answered something else (SGLang reports that in its own words)."""
+    from huggingface_hub import constants, file_exists
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError
+
+    try:
+        if file_exists(repo_id, "config.json", revision=revision):
+            return None
+        at = f" at revision {revision}" if revision else ""
+        return (
+            f"the hub has no config.json there{at}: check the id (and the revision), or log in (`hf auth login` or "
+            "HF_TOKEN) if the repository is private"
+        )
+    except GatedRepoError:
+        return "the repository is gated: accept its terms on the hub, then log in (`hf auth login` or HF_TOKEN)"
+    except (HfHubHTTPError, HFValidationError):
+        return None
+    except Exception as e:  # no answer at all: name resolution, refused connection, proxy, timeout
+        return (
+            f"the hub ({constants.ENDPOINT}) cannot be reached ({type(e).__name__}: {e}): download it where the hub "
+            f"is reachable (`hf download {repo_id}`) and pass the folder, or set HF_ENDPOINT to a mirror"
+        )
 
 
 def hub_offline() -> bool:
@@ -346,11 +384,11 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def _in_hub_cache(repo_id: str) -> bool:
+def _in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+        return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
     except Exception:  # an id the hub client refuses, an unreadable cache
         return False
 
@@ -548,7 +586,11 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
         if drafter is not None and not _has_flag(args + config, "--speculative-draft-model-path"):
             args += ["--speculative-draft-model-path", str(drafter)]  # the embedded model's own drafter
     model_path = _flag_value(args + config, "--model-path")
-    check_model_path(model_path)
+    check_model_path(model_path, _flag_value(args + config, "--revision"))
+    draft_path = _flag_value(args + config, "--speculative-draft-model-path")
+    if draft_path and HUB_ID.match(draft_path) and not Path(draft_path).expanduser().exists():
+        draft_revision = _flag_value(args + config, "--speculative-draft-model-revision")
+        check_model_path(draft_path, draft_revision, flag="--speculative-draft-model-path")
     if lacks_image_processor(model_path) and not _has_flag(args + config, "--language-model-only"):
         args += ["--language-model-only"]  # SGLang cannot start it multimodal: it has no image processor
     host = _flag_value(args + config, "--host") or DEFAULT_HOST

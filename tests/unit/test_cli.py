@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,6 +62,9 @@ def test_serve_hub_id_offline(capsys, tmp_path, monkeypatch):
     assert cli.main(["serve", "--model-path", "org/kimi-test"]) == 2
     line = _error_line(capsys)
     assert "org/kimi-test" in line and "HF_HUB_OFFLINE" in line and "hf download org/kimi-test" in line
+    assert cli.main(["serve", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "org/d"]) == 2
+    line = _error_line(capsys)
+    assert "--speculative-draft-model-path org/d is no local folder" in line and "HF_HUB_OFFLINE" in line
     snapshot = tmp_path / "hf" / "hub" / "models--org--kimi-test" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
@@ -68,7 +72,53 @@ def test_serve_hub_id_offline(capsys, tmp_path, monkeypatch):
     (tmp_path / "hf" / "hub" / "models--org--kimi-test" / "refs" / "main").write_text("abc")
     server.check_model_path("org/kimi-test")  # cached: served offline
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # huggingface_hub reads "0" as online
+    monkeypatch.setattr(server, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has it
     server.check_model_path("org/other-model")
+
+
+def test_serve_hub_id_the_hub_cannot_give(capsys, tmp_path, monkeypatch):
+    """Online, a hub id not in the cache is asked for once: no answer, no such repository or a gated one is refused
+    naming the fix (SGLang retried for about a minute, then ended with a traceback); other answers are SGLang's."""
+    import huggingface_hub
+    import huggingface_hub.constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv(server.MODELSCOPE_ENV, raising=False)
+    asked = []
+
+    def answer(outcome):
+        def file_exists(repo_id, filename, revision=None):
+            asked.append((repo_id, filename, revision))
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        monkeypatch.setattr(huggingface_hub, "file_exists", file_exists)
+
+    answer(OSError("[Errno -2] Name or service not known"))
+    assert cli.main(["serve", "--model-path", "org/kimi-test"]) == 2
+    line = _error_line(capsys)
+    assert "cannot be reached (OSError: [Errno -2]" in line and "hf download org/kimi-test" in line
+    assert "HF_ENDPOINT" in line and asked == [("org/kimi-test", "config.json", None)]
+    drafter = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "org/drafter"]
+    assert cli.main(["serve", *drafter, "--speculative-draft-model-revision", "v2"]) == 2
+    assert "--speculative-draft-model-path org/drafter is not in the Hugging Face cache" in _error_line(capsys)
+    assert asked[-1] == ("org/drafter", "config.json", "v2")
+    answer(False)
+    assert cli.main(["serve", "--model-path", "org/kimi-test", "--revision", "v9"]) == 2
+    assert "no config.json there at revision v9" in _error_line(capsys)
+    response = SimpleNamespace(headers={}, request=None)  # what the hub's errors read of an HTTP answer
+    answer(GatedRepoError("gated", response=response))
+    with pytest.raises(server.LaunchError, match="gated: accept its terms"):
+        server.check_model_path("org/kimi-test")
+    for outcome in (True, HfHubHTTPError("429 Too Many Requests", response=response)):  # it is there / SGLang's to say
+        answer(outcome)
+        server.check_model_path("org/kimi-test")
+    answer(OSError("unreachable"))
+    monkeypatch.setenv(server.MODELSCOPE_ENV, "true")  # SGLang downloads from ModelScope: the hub is not asked
+    server.check_model_path("org/kimi-test")
 
 
 def test_serve_model_folder_without_config(capsys, tmp_path):
@@ -204,12 +254,14 @@ def test_cpu_launch_stays_online_for_a_hub_id(tmp_path, monkeypatch):
     """Local checkpoints are served offline on CPU (no hub lookups); a hub id must be downloadable, unless the user
     set HF_HUB_OFFLINE themselves."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(server, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has the drafter
     (tmp_path / "config.json").write_text("{}")
     local = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.ANY_PORT)
     assert local.env["HF_HUB_OFFLINE"] == "1"
     drafter = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "org/drafter"]
     hub = server.launch_command(["--model-path", str(tmp_path), *drafter], cpu=True, port=server.ANY_PORT)
     assert "HF_HUB_OFFLINE" not in hub.env
+    monkeypatch.setattr(server, "_in_hub_cache", lambda repo_id, revision=None: True)  # offline: cached
     for value in ("0", "1"):  # the user's own setting is kept, local folder or hub id
         monkeypatch.setenv("HF_HUB_OFFLINE", value)
         for args in (["--model-path", str(tmp_path)], ["--model-path", str(tmp_path), *drafter]):
