@@ -11,7 +11,8 @@ Names are read as SGLang's loader for the architecture reads them (:func:`canoni
 prefix is accepted; ``midlayer.`` or ``layers.0.`` for EAGLE3's decoder layer). Optional names: EAGLE3's ``d2t`` /
 ``t2d`` when the draft vocabulary is the full one, its ``lm_head.weight`` when the config has no
 ``draft_vocab_size`` (SGLang takes the target's head). An EAGLE3 ``embed_tokens.weight`` (SpecForge saves the
-target's) is allowed, never required: the target's embedding is shared.
+target's) is allowed, and required only when the drafter's hidden size is not the target's (``target_hidden_size``):
+SGLang then keeps the drafter's own embedding instead of sharing the target's.
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def published_weight_names(config: DFlashConfig | Eagle3Config) -> list[str]:
     return _dflash_names(config) if isinstance(config, DFlashConfig) else _eagle3_names(config)
 
 
+def expected_names(config: DFlashConfig | Eagle3Config) -> list[str]:
+    """What SGLang's loader must find: the published names, plus an EAGLE3 drafter's own ``embed_tokens.weight``
+    when its hidden size is not the target's (SGLang's ``set_embed`` then keeps the drafter's embedding rather than
+    sharing the target's)."""
+    names = published_weight_names(config)
+    if isinstance(config, Eagle3Config) and config.target_hidden_size != config.hidden_size:
+        names = sorted([*names, "embed_tokens.weight"])
+    return names
+
+
 def optional_names(config: DFlashConfig | Eagle3Config) -> set[str]:
     """Published names a checkpoint may leave out, SGLang supplying what they hold."""
     if isinstance(config, DFlashConfig):
@@ -111,7 +122,7 @@ def name_problems(config: DFlashConfig | Eagle3Config, names: Iterable[str]) -> 
     checkpoint a published ``<module>.weight`` counts as present when any tensor of that module is, and the
     module's other tensors are expected."""
     have = {canonical_name(config, n) for n in names}
-    published = set(published_weight_names(config))
+    published = set(expected_names(config))
     missing = published - have - optional_names(config)
     unexpected = have - published - ignored_names(config)
     if is_quantized(config):
@@ -179,7 +190,7 @@ def check_checkpoint(folder: str | Path, config: DFlashConfig | Eagle3Config) ->
     if missing:
         unread = f" (it has {_shown(unexpected)}, names SGLang's loader does not read)" if unexpected else ""
         raise DrafterCheckpointError(
-            f"its safetensors lack {len(missing)} of the {len(published_weight_names(config))} tensors its "
+            f"its safetensors lack {len(missing)} of the {len(expected_names(config))} tensors its "
             f"config.json calls for: {_shown(missing)}{unread}. SGLang would serve them uninitialized and the drafts "
             "would be noise: point at a complete drafter checkpoint (or one whose config matches its weights)"
         )

@@ -145,3 +145,13 @@ def test_quantized_checkpoints_store_a_weight_as_its_module_s_tensors():
     plain = DFlashConfig.from_dict(scaled_dflash())  # not quantized: the packed names are not the published ones
     missing, unexpected = name_problems(plain, packed)
     assert "fc.weight" in missing and "fc.weight_packed" in unexpected
+
+
+def test_an_eagle3_drafter_narrower_than_its_target_needs_its_own_embedding():
+    """SGLang's set_embed keeps the drafter's embed_tokens when target_hidden_size differs from hidden_size."""
+    narrow = Eagle3Config.from_dict(scaled_eagle3(EAGLE3_GQA, draft_vocab=32, target_hidden_size=24))
+    names = [n for n in published_weight_names(narrow) if n not in ("d2t", "t2d")]
+    assert name_problems(narrow, names) == (["embed_tokens.weight"], [])
+    assert name_problems(narrow, [*names, "model.embed_tokens.weight"]) == ([], [])
+    same = Eagle3Config.from_dict(scaled_eagle3(EAGLE3_GQA, draft_vocab=32, target_hidden_size=16))
+    assert name_problems(same, names) == ([], [])
