@@ -18,6 +18,8 @@
   tokens are the only ones drawn, and no token follows itself.
 - Stops met inside a step (stop strings, kept or trimmed, stop tokens and regexes, after min_new_tokens): the text,
   tokens and finish reason equal the non-speculative server's.
+- Prefix cache: prompts served from the radix cache, whole or a shared few-shot prefix, give the non-speculative
+  greedy tokens, and a prompt served again drafts as well as the first time (tau within 20%).
 - Grammar constraints (regex, JSON schema, EBNF; alone, with penalties, with a processor): every configuration's
   greedy tokens equal the non-speculative server's, constrained and unconstrained requests sharing batches. Sampled
   under a digits-only regex, every token is an exact sample of the target restricted to the all-digit tokens. With
@@ -314,6 +316,49 @@ def test_stops_met_inside_a_step_end_the_output_where_non_speculative_decoding_d
         assert out == stopped_reference[name][i], f"{spec_server.config}, {name}, prompt {i}"
     matched = [out[2].get("matched") for out in outputs]
     assert sum(m is not None for m in matched) >= len(jobs) // 2, f"few requests met their stop: {matched}"
+
+
+# -- prefix cache ----------------------------------------------------------------------------------------------
+
+# A prompt seen before is served from the radix cache: the target's KV of the prefix, and the drafter's (DFLASH keeps
+# the context K/V of every committed token; EAGLE3 its draft KV), are reused, not recomputed. Requests that share a
+# few-shot prefix with different questions reuse part of it.
+QUESTIONS = ("What is 17 + 25?", "A cat has 4 legs. How many legs do 3 cats have?")
+
+
+def _cache_prompts(prompts, config: str) -> list[str]:
+    """A few-shot prefix no earlier request used (the configuration's name leads it), alone, then with each
+    question; each text twice, the second time from the radix cache."""
+    prefix = f"Examples for {config}.\n\n" + "\n\n".join(prompts[:3])
+    texts = [prefix] + [f"{prefix}\n\nQuestion: {q}\nAnswer:" for q in QUESTIONS]
+    return [t for text in texts for t in (text, text)]
+
+
+@pytest.fixture(scope="module")
+def cache_reference(tiny_server, prompts):
+    return {config: [generate(tiny_server.base_url, t)["output_ids"] for t in _cache_prompts(prompts, config)]
+            for config in CONFIGS}  # fmt: skip
+
+
+@pytest.mark.parametrize("spec_server", list(CONFIGS), indirect=True)
+def test_prefix_cache_hits_keep_the_output_and_the_acceptance(spec_server, prompts, cache_reference):
+    """Greedy outputs of prompts served from the radix cache, whole or a shared prefix, equal the non-speculative
+    server's, and a prompt served again from the cache drafts as well as the first time: drafter state of cached
+    tokens that were lost or misplaced would leave the output exact but cut the accepted tokens."""
+    outputs = [generate(spec_server.base_url, t) for t in _cache_prompts(prompts, spec_server.config)]
+    assert [o["output_ids"] for o in outputs] == cache_reference[spec_server.config]
+    for first, again in zip(outputs[::2], outputs[1::2]):
+        cold, warm = first["meta_info"], again["meta_info"]
+        # all but the last token (EAGLE's radix cache keys token pairs: all but the last two)
+        assert warm["cached_tokens"] >= warm["prompt_tokens"] - 2, f"no radix hit: {warm}"
+        taus = [m["completion_tokens"] / m["spec_verify_ct"] for m in (cold, warm)]
+        print(
+            f"{spec_server.config}: {cold['prompt_tokens']} prompt tokens, tau cold {taus[0]:.2f}, cached {taus[1]:.2f}"
+        )
+        assert taus[1] >= 0.8 * taus[0] and taus[0] > 1.5, f"tau {taus[0]:.2f} cold, {taus[1]:.2f} from the cache"
+    prefix_tokens = outputs[0]["meta_info"]["prompt_tokens"]
+    shared = [o["meta_info"]["cached_tokens"] for o in outputs[2::2]]  # each question's first request
+    assert all(c >= prefix_tokens - 2 for c in shared), f"the questions reused little of the prefix: {shared}"
 
 
 # -- grammar-constrained decoding --------------------------------------------------------------------------------
