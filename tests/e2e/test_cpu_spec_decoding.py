@@ -19,7 +19,8 @@
 - Stops met inside a step (stop strings, kept or trimmed, stop tokens and regexes, after min_new_tokens): the text,
   tokens and finish reason equal the non-speculative server's.
 - Prefix cache: prompts served from the radix cache, whole or a shared few-shot prefix, give the non-speculative
-  greedy tokens, and a prompt served again drafts as well as the first time (tau within 20%).
+  greedy tokens, and a prompt served again drafts as well as the first time (tau within 10%; with the drafter's
+  KV of cached tokens zeroed, the DFLASH chain's tau fell from 4.00 to 3.05).
 - Grammar constraints (regex, JSON schema, EBNF; alone, with penalties, with a processor): every configuration's
   greedy tokens equal the non-speculative server's, constrained and unconstrained requests sharing batches. Sampled
   under a digits-only regex, every token is an exact sample of the target restricted to the all-digit tokens. With
@@ -355,7 +356,7 @@ def test_prefix_cache_hits_keep_the_output_and_the_acceptance(spec_server, promp
         print(
             f"{spec_server.config}: {cold['prompt_tokens']} prompt tokens, tau cold {taus[0]:.2f}, cached {taus[1]:.2f}"
         )
-        assert taus[1] >= 0.8 * taus[0] and taus[0] > 1.5, f"tau {taus[0]:.2f} cold, {taus[1]:.2f} from the cache"
+        assert taus[1] >= 0.9 * taus[0] and taus[0] > 1.5, f"tau {taus[0]:.2f} cold, {taus[1]:.2f} from the cache"
     prefix_tokens = outputs[0]["meta_info"]["prompt_tokens"]
     shared = [o["meta_info"]["cached_tokens"] for o in outputs[2::2]]  # each question's first request
     assert all(c >= prefix_tokens - 2 for c in shared), f"the questions reused little of the prefix: {shared}"
