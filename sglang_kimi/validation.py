@@ -416,10 +416,22 @@ def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
     )
 
 
+def _architectures(config) -> list[str]:
+    return list(getattr(config, "architectures", None) or [])
+
+
+def _same_checkpoint(a: str, b: str) -> bool:
+    try:
+        return a == b or Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return False
+
+
 def _check_pair(cfg, algorithm: str):
     """The drafter against the target (raises on what cannot work; logs what only loses acceptance). Returns the
     parsed drafter config."""
-    from sglang_kimi.speculators.pairing import pairing_warnings, validate_pair
+    from sglang_kimi.speculators.configs import DrafterConfigError
+    from sglang_kimi.speculators.pairing import DRAFTER_EXAMPLES, pairing_warnings, validate_pair
 
     target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
     draft = load_config(
@@ -433,9 +445,19 @@ def _check_pair(cfg, algorithm: str):
     if tokens is None and algorithm == "DFLASH" and block_size is not None:
         # SGLang's alias for the DFLASH block: it becomes --speculative-num-draft-tokens after these checks
         tokens, flag = int(block_size), "--speculative-dflash-block-size"
-    drafter = validate_pair(
-        target, draft, num_draft_tokens=tokens, expected_algorithm=algorithm, draft_tokens_flag=flag
-    )
+    try:
+        drafter = validate_pair(
+            target, draft, num_draft_tokens=tokens, expected_algorithm=algorithm, draft_tokens_flag=flag
+        )
+    except DrafterConfigError as e:  # not a drafter config, or a field it cannot hold
+        path = cfg.speculative_draft_model_path
+        same = _same_checkpoint(path, cfg.model_path) or _architectures(draft) == _architectures(target)
+        problem = "is the target model itself, not a drafter" if same else "has a config.json this plugin cannot serve"
+        problem += f" ({e})"
+        raise SpeculativeConfigError(
+            f"--speculative-draft-model-path {path} {problem}: point it at {algorithm} drafter weights (for Kimi: "
+            f"{DRAFTER_EXAMPLES[algorithm]})"
+        ) from e
     for message in pairing_warnings(
         target,
         draft,
@@ -476,6 +498,12 @@ def _resolve_speculative(original, server_args):
     if algorithm in ("DFLASH", "EAGLE3"):
         _check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = _check_pair(cfg, algorithm)
+    if algorithm == "NGRAM" and cfg.speculative_draft_model_path:
+        raise SpeculativeConfigError(
+            f"--speculative-algorithm NGRAM drafts from n-grams of the request itself and loads no drafter, but "
+            f"--speculative-draft-model-path is {cfg.speculative_draft_model_path}: drop it, or pass "
+            "--speculative-algorithm DFLASH or EAGLE3 for that drafter"
+        )
 
     if args.adaptive and algorithm == "EAGLE3":
         _prepare_adaptive_eagle(server_args, cfg, args, adaptive)

@@ -110,7 +110,7 @@ class TargetInfo:
 # ---------------------------------------------------------------------------------------------------------------
 
 _ARCHS = {DFLASH: DFLASH_ARCHITECTURES, EAGLE3: EAGLE3_ARCHITECTURES}
-_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
+DRAFTER_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
 
 
 def _article(name: str) -> str:
@@ -282,7 +282,7 @@ def validate_pair(
         wanted = expected_algorithm.upper()
         hint = (
             f"point --speculative-draft-model-path at {_article(wanted)} {wanted} drafter (architectures "
-            f"{list(_ARCHS[wanted])}, e.g. {_EXAMPLES[wanted]})"
+            f"{list(_ARCHS[wanted])}, e.g. {DRAFTER_EXAMPLES[wanted]})"
             if wanted in _ARCHS
             else f"use one of {sorted(_ARCHS)}"
         )

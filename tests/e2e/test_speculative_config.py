@@ -192,6 +192,19 @@ def cases(d):
         (dflash(d["dflash_no_weights"]), ["holds no weights", "*.safetensors"]),
         (dflash(d["dflash_truncated"]), ["model.safetensors is not a readable safetensors file"]),
         (dflash(d["dflash_bad_json"]), ["--speculative-draft-model-path", "config.json cannot be read"]),
+        # the target given as its own drafter; a drafter given to NGRAM, which loads none
+        (dflash(TINY_MODEL), ["is the target model itself, not a drafter", "z-lab/Kimi-K2.5-DFlash"]),
+        (
+            [
+                "--speculative-algorithm",
+                "NGRAM",
+                "--speculative-draft-model-path",
+                str(d["dflash"]),
+                "--attention-backend",
+                "kimi_cpu",
+            ],  # fmt: skip
+            ["NGRAM drafts from n-grams", "drop it"],
+        ),
         (
             ["--speculative-algorithm", "EAGLE3", "--attention-backend", "kimi_cpu"],
             ["EAGLE3 needs --speculative-draft-model-path"],
