@@ -251,7 +251,7 @@ def launch_pair(
             try:
                 server = future.result()
             except LaunchError as exc:
-                errors.append(f"{name} server: {exc}")
+                errors.append(f"{name}: {exc}" if name == "server" else f"{name} server: {exc}")
                 continue
             stack.callback(server.stop)
             urls[name] = server.base_url
