@@ -451,7 +451,8 @@ def _check_pair(cfg, algorithm: str):
         )
     except DrafterConfigError as e:  # not a drafter config, or a field it cannot hold
         path = cfg.speculative_draft_model_path
-        same = _same_checkpoint(path, cfg.model_path) or _architectures(draft) == _architectures(target)
+        archs = _architectures(draft)
+        same = _same_checkpoint(path, cfg.model_path) or (bool(archs) and archs == _architectures(target))
         problem = "is the target model itself, not a drafter" if same else "has a config.json this plugin cannot serve"
         problem += f" ({e})"
         raise SpeculativeConfigError(
