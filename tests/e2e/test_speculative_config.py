@@ -73,6 +73,7 @@ def drafters(tmp_path_factory):
         ),
         "dflash_no_weights": _edit_tensors(write_dflash(root / "dflash_no_weights", block_size=8), drop=""),
         "dflash_truncated": _truncate(write_dflash(root / "dflash_truncated", block_size=8)),
+        "dflash_no_mask": _drop_mask_token(write_dflash(root / "dflash_no_mask", block_size=8)),
         "dflash_bad_json": _write_in(write_dflash(root / "dflash_bad_json", block_size=8), "config.json", "{oops"),
         # read as published: model. prefixes, layers.0. for EAGLE3's midlayer, an extra tensor (warned)
         "dflash_prefixed": _edit_tensors(write_dflash(root / "dflash_prefixed", block_size=8), rename=("", "model.")),
@@ -111,6 +112,13 @@ def _edit_tensors(folder, *, drop=None, rename=None):
     path.unlink()
     if tensors:
         save_file(tensors, path)
+    return folder
+
+
+def _drop_mask_token(folder):
+    config = json.loads((folder / "config.json").read_text())
+    del config["dflash_config"]["mask_token_id"]
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -194,6 +202,7 @@ def cases(d):
         (dflash(d["dflash_bad_json"]), ["--speculative-draft-model-path", "config.json cannot be read"]),
         # the target given as its own drafter; a drafter given to NGRAM, which loads none
         (dflash(TINY_MODEL), ["is the target model itself, not a drafter", "z-lab/Kimi-K2.5-DFlash"]),
+        (dflash(d["dflash_no_mask"]), ["has a config.json this plugin cannot serve", "mask_token_id is missing"]),
         (
             [
                 "--speculative-algorithm",
