@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from sglang_kimi.hooks import hook
@@ -84,28 +85,57 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
+def _hub_tensor_names(repo_id: str, revision: str | None) -> list[str] | None:
+    """A hub checkpoint's tensor names from its safetensors headers, fetched alone (HTTP range requests, no tensor
+    data); None when the hub cannot say (offline, unreachable, private, no safetensors)."""
+    from sglang_kimi.server import MODELSCOPE_ENV, hub_offline
+
+    if hub_offline() or os.environ.get(MODELSCOPE_ENV, "").lower() in ("1", "true"):
+        return None
+    try:
+        from huggingface_hub import get_safetensors_metadata
+
+        metadata = get_safetensors_metadata(repo_id, revision=revision)
+        return [name for file in metadata.files_metadata.values() for name in file.tensors]
+    except Exception as e:  # any failure only means the names are not known before SGLang downloads them
+        logger.info("sglang-kimi: the hub did not give the tensor names of %s (%s: %s)", repo_id, type(e).__name__, e)
+        return None
+
+
 def _check_drafter_tensors(cfg, drafter) -> None:
     """Refuse a drafter checkpoint that lacks a tensor its config calls for (SGLang's loaders would serve the
-    parameter uninitialized), before any weight loads. Runs on a local folder, and on a hub id whose safetensors
-    are all in the Hugging Face cache (SGLang downloads the rest later, so a partial snapshot is not judged)."""
-    from sglang_kimi.speculators.drafter_tensors import DrafterCheckpointError, check_checkpoint, safetensors_files
+    parameter uninitialized), before any weight loads. Reads a local folder's safetensors headers, a hub id's from
+    the Hugging Face cache when all its files are there, and otherwise the hub's (headers alone, before SGLang
+    downloads the weights, which it does only after loading the target)."""
+    from sglang_kimi.speculators.drafter_tensors import (
+        DrafterCheckpointError,
+        check_checkpoint,
+        check_names,
+        safetensors_files,
+    )
 
     path = cfg.speculative_draft_model_path
     load_format = cfg.speculative_draft_load_format or cfg.load_format or "auto"
     if str(load_format) not in SAFETENSORS_LOAD_FORMATS:
         return  # random weights (dummy), .bin files, remote or sharded formats: no safetensors headers to read
     folder = Path(path).expanduser()
-    if not folder.is_dir():
-        folder = _cached_snapshot(path, cfg.speculative_draft_model_revision)
-        try:
-            complete = folder is not None and bool(safetensors_files(folder))
-        except DrafterCheckpointError:  # shards listed in the index are still to come
-            complete = False
-        if not complete:
-            logger.info("sglang-kimi: drafter %s is not downloaded yet: its tensor names are not checked", path)
-            return
     try:
-        warnings = check_checkpoint(folder, drafter)
+        if folder.is_dir():
+            warnings = check_checkpoint(folder, drafter)
+        else:
+            folder = _cached_snapshot(path, cfg.speculative_draft_model_revision)
+            try:
+                complete = folder is not None and bool(safetensors_files(folder))
+            except DrafterCheckpointError:  # shards listed in the index are still to come
+                complete = False
+            if complete:
+                warnings = check_checkpoint(folder, drafter)
+            else:
+                names = _hub_tensor_names(path, cfg.speculative_draft_model_revision)
+                if names is None:
+                    logger.info("sglang-kimi: drafter %s is not downloaded yet: its tensor names are not checked", path)
+                    return
+                warnings = check_names(drafter, names, f"{path} on the hub")
     except DrafterCheckpointError as e:
         raise SpeculativeConfigError(f"--speculative-draft-model-path {path}: {e}") from e
     for message in warnings:

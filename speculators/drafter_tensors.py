@@ -186,7 +186,13 @@ def check_checkpoint(folder: str | Path, config: DFlashConfig | Eagle3Config) ->
                 "checkpoint folder, weights included"
             )
         return [f"{folder} has no safetensors file: its tensor names were not checked"]
-    missing, unexpected = name_problems(config, tensor_names(files))
+    return check_names(config, tensor_names(files), str(folder))
+
+
+def check_names(config: DFlashConfig | Eagle3Config, names: Iterable[str], where: str) -> list[str]:
+    """Raise :class:`DrafterCheckpointError` when ``names`` (a checkpoint's tensor names, read at ``where``) lack
+    one its config calls for; returns a warning naming those no loader reads."""
+    missing, unexpected = name_problems(config, names)
     if missing:
         unread = f" (it has {_shown(unexpected)}, names SGLang's loader does not read)" if unexpected else ""
         raise DrafterCheckpointError(
@@ -195,5 +201,5 @@ def check_checkpoint(folder: str | Path, config: DFlashConfig | Eagle3Config) ->
             "would be noise: point at a complete drafter checkpoint (or one whose config matches its weights)"
         )
     if unexpected:
-        return [f"{folder}: tensors that SGLang's drafter loader does not read, ignored: {_shown(unexpected)}"]
+        return [f"{where}: tensors that SGLang's drafter loader does not read, ignored: {_shown(unexpected)}"]
     return []

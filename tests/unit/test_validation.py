@@ -148,8 +148,8 @@ def _cache_snapshot(cache, repo_id, files):
 
 
 def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, monkeypatch, caplog):
-    """The checkpoint check reads a local folder, and a hub id once all its safetensors are cached; a hub id with
-    only its config cached (SGLang downloads the weights later) is left for then, saying so."""
+    """The checkpoint check reads a local folder, a hub id's cache once all its safetensors are there, and else the
+    hub's safetensors headers; when none can say (offline, unreachable) it is left to SGLang's download, saying so."""
     import huggingface_hub.constants
     from safetensors.torch import load_file, save_file
 
@@ -173,7 +173,28 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
     with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path org/broken: .*norm\.weight"):
         validation._check_drafter_tensors(_drafter_settings("org/broken"), drafter)
     _cache_snapshot(cache, "org/config-only", [broken / "config.json"])
-    with caplog.at_level("INFO", logger="sglang_kimi"):
-        validation._check_drafter_tensors(_drafter_settings("org/config-only"), drafter)
+    # not (wholly) cached: the hub's safetensors headers are asked for, before SGLang downloads anything
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub = {"org/not-cached": sorted(load_file(broken / "model.safetensors"))}
+    asked = []
+
+    def get_safetensors_metadata(repo_id, revision=None):
+        asked.append((repo_id, revision))
+        if repo_id not in hub:
+            raise ConnectionError("the hub cannot be reached")
+        tensors = {name: None for name in hub[repo_id]}
+        return SimpleNamespace(files_metadata={"model.safetensors": SimpleNamespace(tensors=tensors)})
+
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", get_safetensors_metadata)
+    with pytest.raises(SpeculativeConfigError, match=r"org/not-cached: its safetensors lack 1 .*: norm\.weight\."):
         validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
+    hub["org/not-cached"].append("norm.weight")
+    validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
+    with caplog.at_level("INFO", logger="sglang_kimi"):
+        validation._check_drafter_tensors(_drafter_settings("org/config-only"), drafter)  # the hub cannot say
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)  # offline: not asked
     assert caplog.text.count("is not downloaded yet: its tensor names are not checked") == 2
+    assert asked == [("org/not-cached", "main")] * 2 + [("org/config-only", "main")]
