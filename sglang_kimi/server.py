@@ -342,9 +342,7 @@ def check_model_path(model_path: str, revision: str | None = None, flag: str = "
                 f"{what} {model_path} is no local folder, and HF_HUB_OFFLINE is set while the hub cache lacks it: "
                 f"download it first (`hf download {model_path}`), unset HF_HUB_OFFLINE, or pass a checkpoint folder"
             )
-        problem = (
-            None if os.environ.get(MODELSCOPE_ENV, "").lower() in ("1", "true") else hub_problem(model_path, revision)
-        )
+        problem = None if modelscope() else hub_problem(model_path, revision)
         if problem:
             raise LaunchError(f"{what} {model_path} is not in the Hugging Face cache, and {problem}")
         return
@@ -352,6 +350,12 @@ def check_model_path(model_path: str, revision: str | None = None, flag: str = "
 
 
 MODELSCOPE_ENV = "SGLANG_USE_MODELSCOPE"  # SGLang then downloads from ModelScope, not the Hugging Face hub
+
+
+def modelscope() -> bool:
+    """Whether SGLang resolves hub ids on ModelScope (``SGLANG_USE_MODELSCOPE``), so the Hugging Face hub is not
+    the one to ask."""
+    return os.environ.get(MODELSCOPE_ENV, "").lower() in ("1", "true")
 
 
 def hub_problem(repo_id: str, revision: str | None = None) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 from sglang_kimi.hooks import hook
@@ -88,9 +87,9 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
 def _hub_tensor_names(repo_id: str, revision: str | None) -> list[str] | None:
     """A hub checkpoint's tensor names from its safetensors headers, fetched alone (HTTP range requests, no tensor
     data); None when the hub cannot say (offline, unreachable, private, no safetensors)."""
-    from sglang_kimi.server import MODELSCOPE_ENV, hub_offline
+    from sglang_kimi.server import hub_offline, modelscope
 
-    if hub_offline() or os.environ.get(MODELSCOPE_ENV, "").lower() in ("1", "true"):
+    if hub_offline() or modelscope():
         return None
     try:
         from huggingface_hub import get_safetensors_metadata
@@ -102,40 +101,41 @@ def _hub_tensor_names(repo_id: str, revision: str | None) -> list[str] | None:
         return None
 
 
+def _local_checkpoint(path: str, revision: str | None) -> Path | None:
+    """The drafter's files on this machine: its folder, or a hub id's snapshot in the Hugging Face cache once every
+    safetensors file of it is there (SGLang downloads the rest later, so a partial snapshot is not judged)."""
+    from sglang_kimi.speculators.drafter_tensors import DrafterCheckpointError, safetensors_files
+
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return folder
+    snapshot = _cached_snapshot(path, revision)
+    try:
+        return snapshot if snapshot is not None and safetensors_files(snapshot) else None
+    except DrafterCheckpointError:  # shards listed in the index are still to come
+        return None
+
+
 def _check_drafter_tensors(cfg, drafter) -> None:
     """Refuse a drafter checkpoint that lacks a tensor its config calls for (SGLang's loaders would serve the
     parameter uninitialized), before any weight loads. Reads a local folder's safetensors headers, a hub id's from
     the Hugging Face cache when all its files are there, and otherwise the hub's (headers alone, before SGLang
     downloads the weights, which it does only after loading the target)."""
-    from sglang_kimi.speculators.drafter_tensors import (
-        DrafterCheckpointError,
-        check_checkpoint,
-        check_names,
-        safetensors_files,
-    )
+    from sglang_kimi.speculators.drafter_tensors import DrafterCheckpointError, check_checkpoint, check_names
 
-    path = cfg.speculative_draft_model_path
+    path, revision = cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision
     load_format = cfg.speculative_draft_load_format or cfg.load_format or "auto"
     if str(load_format) not in SAFETENSORS_LOAD_FORMATS:
         return  # random weights (dummy), .bin files, remote or sharded formats: no safetensors headers to read
-    folder = Path(path).expanduser()
     try:
-        if folder.is_dir():
+        folder = _local_checkpoint(path, revision)
+        if folder is not None:
             warnings = check_checkpoint(folder, drafter)
+        elif (names := _hub_tensor_names(path, revision)) is not None:
+            warnings = check_names(drafter, names, f"{path} on the hub")
         else:
-            folder = _cached_snapshot(path, cfg.speculative_draft_model_revision)
-            try:
-                complete = folder is not None and bool(safetensors_files(folder))
-            except DrafterCheckpointError:  # shards listed in the index are still to come
-                complete = False
-            if complete:
-                warnings = check_checkpoint(folder, drafter)
-            else:
-                names = _hub_tensor_names(path, cfg.speculative_draft_model_revision)
-                if names is None:
-                    logger.info("sglang-kimi: drafter %s is not downloaded yet: its tensor names are not checked", path)
-                    return
-                warnings = check_names(drafter, names, f"{path} on the hub")
+            logger.info("sglang-kimi: drafter %s is not downloaded yet: its tensor names are not checked", path)
+            return
     except DrafterCheckpointError as e:
         raise SpeculativeConfigError(f"--speculative-draft-model-path {path}: {e}") from e
     for message in warnings:
