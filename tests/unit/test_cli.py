@@ -9,6 +9,7 @@ import tempfile
 from types import SimpleNamespace
 
 import pytest
+from support.hub_cache import cache_snapshot
 
 from sglang_kimi import cli, server
 
@@ -65,11 +66,8 @@ def test_serve_hub_id_offline(capsys, tmp_path, monkeypatch):
     assert cli.main(["serve", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "org/d"]) == 2
     line = _error_line(capsys)
     assert "--speculative-draft-model-path org/d is no local folder" in line and "HF_HUB_OFFLINE" in line
-    snapshot = tmp_path / "hf" / "hub" / "models--org--kimi-test" / "snapshots" / "abc"
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
-    (tmp_path / "hf" / "hub" / "models--org--kimi-test" / "refs").mkdir()
-    (tmp_path / "hf" / "hub" / "models--org--kimi-test" / "refs" / "main").write_text("abc")
+    (tmp_path / "config.json").write_text("{}")
+    cache_snapshot(tmp_path / "hf" / "hub", "org/kimi-test", [tmp_path / "config.json"])
     server.check_model_path("org/kimi-test")  # cached: served offline
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # huggingface_hub reads "0" as online
     monkeypatch.setattr(server, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has it

@@ -7,6 +7,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from support.hub_cache import cache_snapshot
 
 from sglang_kimi import validation
 from sglang_kimi.options import SpeculativeConfigError
@@ -133,20 +134,6 @@ def _drafter_settings(path, load_format=None):
     )
 
 
-def _cache_snapshot(cache, repo_id, files):
-    """A Hugging Face hub cache holding ``files`` of ``repo_id`` at main (the layout snapshot_download reads)."""
-    import shutil
-
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
-    for file in files:
-        shutil.copy(file, snapshot / file.name)
-    return snapshot
-
-
 def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, monkeypatch, caplog):
     """The checkpoint check reads a local folder, a hub id's cache once all its safetensors are there, and else the
     hub's safetensors headers; when none can say (offline, unreachable) it is left to SGLang's download, saying so."""
@@ -169,10 +156,10 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
 
     cache = tmp_path / "hub"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    _cache_snapshot(cache, "org/broken", [broken / "config.json", broken / "model.safetensors"])
+    cache_snapshot(cache, "org/broken", [broken / "config.json", broken / "model.safetensors"])
     with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path org/broken: .*norm\.weight"):
         validation._check_drafter_tensors(_drafter_settings("org/broken"), drafter)
-    _cache_snapshot(cache, "org/config-only", [broken / "config.json"])
+    cache_snapshot(cache, "org/config-only", [broken / "config.json"])
     # not (wholly) cached: the hub's safetensors headers are asked for, before SGLang downloads anything
     import huggingface_hub
 
