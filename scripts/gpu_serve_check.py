@@ -154,6 +154,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for the logs, the JSON and the PNG")
     p.add_argument("--graphs", default="eager,graphs", help="CUDA-graph settings in order: eager, graphs")
     p.add_argument("--modes", default=",".join(modes()), help=f"modes in order (of {', '.join(modes())})")
+    p.add_argument(
+        "--configs",
+        help="GRAPHS/MODE items in the order to serve (eager/dflash-chain,graphs/dflash-chain,...); "
+        "overrides --graphs and --modes",
+    )
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 8, 32])
     p.add_argument("--deadline-s", type=float, default=500.0, help="wall time of the whole run")
@@ -173,9 +178,13 @@ def main(argv=None) -> int:
     opts.out.mkdir(parents=True, exist_ok=True)
     prompts = [gsm8k_prompt(q) for q in load_questions()]
     all_modes = modes()
-    unknown = [m for m in opts.modes.split(",") if m not in all_modes]
-    if unknown:
-        p.error(f"--modes: unknown {unknown}; choose from {list(all_modes)}")
+    if opts.configs:
+        configs = [tuple(c.split("/", 1)) for c in opts.configs.split(",")]
+    else:
+        configs = [(g, m) for g in opts.graphs.split(",") for m in opts.modes.split(",")]
+    bad = [f"{g}/{m}" for g, m in ((c + ("",))[:2] for c in configs) if g not in GRAPHS or m not in all_modes]
+    if bad:
+        p.error(f"unknown configurations {bad}; graphs: {list(GRAPHS)}, modes: {list(all_modes)}")
     references = []
     if opts.reference:
         earlier = json.loads(opts.reference.read_text())
@@ -183,33 +192,29 @@ def main(argv=None) -> int:
             print(f"--reference {opts.reference}: another device or --max-new-tokens; not used", flush=True)
         else:
             references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"] if "output_ids" in r]
-    modes_run = opts.modes.split(",")
-    if "autoregressive" not in modes_run and not any(r["config"] == "eager/autoregressive" for r in references):
-        modes_run.insert(0, "autoregressive")  # parity needs a reference: serve it first
+    has_reference = any(r["config"] == "eager/autoregressive" for r in references)
+    if not has_reference and ("eager", "autoregressive") not in configs:
+        configs.insert(0, ("eager", "autoregressive"))  # parity needs a reference: serve it first
         print("no usable autoregressive reference: the autoregressive server is served first", flush=True)
     start = time.perf_counter()
     rows = []
-    for graphs in opts.graphs.split(","):
-        for mode in modes_run:
-            name = f"{graphs}/{mode}"
-            left = opts.deadline_s - (time.perf_counter() - start)
-            if left < opts.min_left_s:
-                rows.append({"config": name, "skipped": f"not run: {left:.0f} s of the deadline left"})
-                continue
-            args = GPU_ARGS + GRAPHS[graphs] + all_modes[mode] + (["--dtype", opts.dtype] if opts.dtype else [])
-            print(f"[{time.perf_counter() - start:6.1f} s] {name} ...", flush=True)
-            row = run_config(name.replace("/", "-"), args, prompts, opts, opts.out)
-            row["config"] = name
-            rows.append(row)
-            print(f"[{time.perf_counter() - start:6.1f} s] {name}: {row.get('error', 'served')}", flush=True)
-            if "error" in row:
-                print("\n".join(row.get("log_tail", [])), flush=True)
-                if mode == "autoregressive" and not any("throughput" in r for r in rows):
-                    print("the first autoregressive server did not serve: stopping", flush=True)
-                    break
-        else:
+    for graphs, mode in configs:
+        name = f"{graphs}/{mode}"
+        left = opts.deadline_s - (time.perf_counter() - start)
+        if left < opts.min_left_s:
+            rows.append({"config": name, "skipped": f"not run: {left:.0f} s of the deadline left"})
             continue
-        break
+        args = GPU_ARGS + GRAPHS[graphs] + all_modes[mode] + (["--dtype", opts.dtype] if opts.dtype else [])
+        print(f"[{time.perf_counter() - start:6.1f} s] {name} ...", flush=True)
+        row = run_config(name.replace("/", "-"), args, prompts, opts, opts.out)
+        row["config"] = name
+        rows.append(row)
+        print(f"[{time.perf_counter() - start:6.1f} s] {name}: {row.get('error', 'served')}", flush=True)
+        if "error" in row:
+            print("\n".join(row.get("log_tail", [])), flush=True)
+            if mode == "autoregressive" and not any("throughput" in r for r in rows):
+                print("the first autoregressive server did not serve: stopping", flush=True)
+                break
     compare(rows, references)
     print_table(rows, opts.concurrency)
     stamp = time.strftime("%Y%m%d-%H%M%S")
