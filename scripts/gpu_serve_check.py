@@ -34,7 +34,7 @@ from sglang_kimi.demo import gsm8k_prompt, load_questions, mode_args
 from sglang_kimi.server import ANY_PORT, fetch_plugin_state, start_server
 
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.3"]
-GRAPHS = {"eager": ["--disable-cuda-graph"], "graphs": ["--cuda-graph-max-bs", "32"]}
+GRAPHS = {"eager": ["--disable-cuda-graph"], "graphs": ["--cuda-graph-max-bs-decode", "32"]}
 
 
 def modes() -> dict[str, list[str]]:

@@ -1,8 +1,9 @@
-"""Lossless sampled verification of DFLASH chains on ROCm and CPU (hooks on ``dflash_utils``).
+"""Lossless sampled verification of DFLASH chains on ROCm, CPU and CUDA without FlashInfer (hooks on ``dflash_utils``).
 
 Where ``tree_speculative_sampling_target_only`` is missing (HIP, CPU), ``is_dflash_sampling_verify_available()`` is
 False and SGLang's DFLASH worker verifies sampled requests greedily ("falling back to greedy argmax verification").
-There the plugin reports sampled verification as available and verifies the chain itself: the chain as a
+On CUDA without FlashInfer the kernel cannot be built (``sampled_batches``). There the plugin reports sampled
+verification as available and verifies the chain itself: the chain as a
 ``DraftTree`` through ``speculators.verify.verify_tree`` over ``tree_batch.verify_probs``, with SGLang's coins when
 it passes them and torch's generator otherwise (SGLang's DFLASH chain verify draws from torch's generator too: it has
 no per-request seeds).
@@ -21,7 +22,7 @@ from sglang_kimi.workers.tree_batch import verify_probs
 
 
 def dflash_sampling_available(original) -> bool:
-    """AROUND ``dflash_utils.is_dflash_sampling_verify_available``: True on HIP/CPU, where the plugin verifies
+    """AROUND ``dflash_utils.is_dflash_sampling_verify_available``: True where the plugin verifies
     (with the lossless thresholds; other thresholds keep upstream's greedy fallback and its warning)."""
     if plugin_verifies_sampling() and thresholds_are_lossless() and not debug_greedy_verify():
         return True
@@ -42,12 +43,11 @@ def dflash_sampled_verify(
     uniform_samples_for_final_sampling=None,
     use_sparse_topk: bool = True,
 ):
-    """AROUND ``dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus``: on HIP/CPU verify the chain with
-    the target-only rule over ``tree_batch.verify_probs``. Returns ``(accepted drafts [bs], bonus [bs] int64)``
-    as upstream."""
-    from sglang.srt.speculative import dflash_utils
+    """AROUND ``dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus``: where the plugin verifies sampling
+    (``plugin_verifies_sampling``) verify the chain with the target-only rule over ``tree_batch.verify_probs``.
+    Returns ``(accepted drafts [bs], bonus [bs] int64)`` as upstream."""
 
-    if dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE or not plugin_verifies_sampling():
+    if not plugin_verifies_sampling():
         return original(
             candidates=candidates,
             next_token_logits=next_token_logits,

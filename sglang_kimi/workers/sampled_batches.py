@@ -2,13 +2,17 @@
 
 Upstream (SGLang 0.5.23) verifies sampled requests with ``tree_speculative_sampling_target_only``, a CUDA kernel.
 Where it is missing (ROCm, CPU) SGLang verifies sampled EAGLE trees and DFLASH chains greedily: the output follows
-the target's mode, not its distribution. On those devices the plugin verifies them with the lossless target-only
-rule (``speculators.verify``), as long as the acceptance thresholds are the lossless ones (1.0).
+the target's mode, not its distribution. On CUDA SGLang compiles it at run time from FlashInfer's headers, so
+without FlashInfer the first sampled verify (the DFLASH worker's start-up warm-up among them) ends the scheduler.
+On those devices the plugin verifies them with the lossless target-only rule (``speculators.verify``), as long as
+the acceptance thresholds are the lossless ones (1.0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import logging
 
 import torch
@@ -24,11 +28,14 @@ def warn_once(key: str, message: str, *args) -> None:
         logger.warning(message, *args)
 
 
+@functools.cache
 def plugin_verifies_sampling() -> bool:
-    """Whether this process needs the plugin's sampled verification (ROCm or CPU)."""
-    from sglang.srt.utils import is_cpu, is_hip
+    """Whether this process needs the plugin's sampled verification: ROCm, CPU, or CUDA without FlashInfer."""
+    from sglang.srt.utils import is_cpu, is_cuda, is_hip
 
-    return is_cpu() or is_hip()
+    if is_cpu() or is_hip():
+        return True
+    return is_cuda() and importlib.util.find_spec("flashinfer") is None
 
 
 def thresholds_are_lossless() -> bool:

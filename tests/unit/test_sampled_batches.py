@@ -1,0 +1,34 @@
+"""Where the plugin verifies sampled requests itself (``workers.sampled_batches.plugin_verifies_sampling``)."""
+
+import importlib.util
+
+import pytest
+import sglang.srt.utils as sglang_utils
+
+from sglang_kimi.workers import sampled_batches
+
+
+@pytest.mark.parametrize(
+    ("device", "flashinfer", "expected"),
+    [
+        ("cpu", False, True),
+        ("hip", True, True),
+        ("cuda", True, False),  # SGLang's CUDA kernel, built from FlashInfer's headers
+        ("cuda", False, True),  # that kernel cannot be built: the plugin verifies
+        ("xpu", False, False),
+    ],
+)
+def test_the_plugin_verifies_where_sglang_has_no_sampling_kernel(monkeypatch, device, flashinfer, expected):
+    for name in ("cpu", "hip", "cuda"):
+        monkeypatch.setattr(sglang_utils, f"is_{name}", lambda name=name: name == device)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (object() if flashinfer else None) if name == "flashinfer" else real_find_spec(name, *a),
+    )
+    sampled_batches.plugin_verifies_sampling.cache_clear()
+    try:
+        assert sampled_batches.plugin_verifies_sampling() is expected
+    finally:
+        sampled_batches.plugin_verifies_sampling.cache_clear()
