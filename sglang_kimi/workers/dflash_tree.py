@@ -202,7 +202,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
             draft_token=tree.tokens.reshape(-1),
             positions=positions,
             draft_token_num=window,
-            custom_mask=full_tree_mask(tree.ancestor_mask(), seq_lens_cpu[:bs].tolist()),
+            # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
+            custom_mask=full_tree_mask(
+                tree.ancestor_mask(), prefix_lens, window * (int(seq_lens_cpu[:bs].sum()) + bs * window)
+            ),
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=kv_loc_plan,
         )

@@ -19,21 +19,30 @@ from sglang_kimi.speculators.verify import TOP_K_ALL, Coins, process_logits, ran
 SGLANG_TOP_K_ALL = 1 << 30
 
 
-def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: list[int]) -> torch.Tensor:
-    """SGLang's FULL_MASK custom attention mask for a tree verify, flattened.
+def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
+    """SGLang's FULL_MASK custom attention mask for a tree verify, flattened, built on the device.
 
-    ancestor_mask bool [B, N, N] (node i sees node j iff j is i or an ancestor of i); prefix_lens: the committed
-    length of each request (host ints). Per request, N query rows of ``prefix + N`` key columns, row-major: every
-    prefix key is visible, tree keys by the ancestor mask. Requests are concatenated (True = attend).
+    ancestor_mask bool [B, N, N] (node i sees node j iff j is i or an ancestor of i); prefix_lens [B]: the committed
+    length of each request, the same tensor as the verify batch's ``seq_lens`` (SGLang's attention backends lay the
+    mask out from it: request b's rows start at ``N * sum(prefix_lens[:b] + N)``); capacity: the buffer's length, at
+    least ``N * sum(prefix_lens + N)``, from a host upper bound of the lengths. Under SGLang's overlap scheduler the
+    host does not know the exact lengths (backends such as ``triton`` opt out of the host copy), so the layout comes
+    from the device tensor and no step waits for the device. Per request, N query rows of ``prefix + N`` key
+    columns, row-major: every prefix key is visible, tree keys by the ancestor mask (True = attend). Values past
+    the last request's rows are never read.
 
     Example: one request, prefix 2, tree root -> a: rows [[1, 1, 1, 0], [1, 1, 1, 1]] -> 8 values.
     """
     batch, n, _ = ancestor_mask.shape
-    parts = []
-    for b in range(batch):
-        prefix = torch.ones((n, prefix_lens[b]), dtype=torch.bool, device=ancestor_mask.device)
-        parts.append(torch.cat([prefix, ancestor_mask[b]], dim=1).reshape(-1))
-    return torch.cat(parts)
+    device = ancestor_mask.device
+    prefix = prefix_lens.to(device=device, dtype=torch.long)  # [B]
+    row_len = prefix + n  # [B]
+    starts = torch.cumsum(n * row_len, 0) - n * row_len  # [B]: each request's first row
+    rows = torch.arange(n, device=device)
+    tree_cols = (starts + prefix)[:, None, None] + rows[None, :, None] * row_len[:, None, None] + rows  # [B, N, N]
+    mask = torch.ones(capacity, dtype=torch.bool, device=device)
+    mask[tree_cols.reshape(-1)] = ancestor_mask.reshape(-1)
+    return mask
 
 
 def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:

@@ -18,9 +18,8 @@ def _tree(parents: list[list[int]]) -> DraftTree:
 def test_full_mask_layout_per_request():
     tree = _tree([[-1, 0, 0, 1], [-1, 0, 1, 2]])
     prefix_lens = [2, 3]
-    flat = full_tree_mask(tree.ancestor_mask(), prefix_lens)
     n = 4
-    assert flat.numel() == sum(n * (p + n) for p in prefix_lens)
+    flat = full_tree_mask(tree.ancestor_mask(), torch.tensor(prefix_lens), sum(n * (p + n) for p in prefix_lens))
     first = flat[: n * (2 + n)].view(n, 2 + n)
     second = flat[n * (2 + n) :].view(n, 3 + n)
     assert first[:, :2].all() and second[:, :3].all()

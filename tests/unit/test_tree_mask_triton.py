@@ -1,0 +1,101 @@
+"""The DFLASH tree verify's FULL_MASK (``workers.tree_batch.full_tree_mask``) as SGLang's ``triton`` attention backend
+reads it: SGLang's Triton extend-attention kernel (the one its TARGET_VERIFY runs on a GPU) over a batch of trees,
+on CPU tensors through Triton's interpreter, against attention with each node seeing the prefix and its ancestors.
+
+On a GPU SGLang's overlap scheduler gives the worker no host copy of the lengths with that backend, only an upper
+bound (the reserved KV lengths), while the kernel lays the mask out from the device lengths. The cases therefore
+build the mask from the device lengths with a capacity from a larger bound, and check that a mask laid out from
+the bound instead (what the worker once built) gives other outputs. Triton must be in interpreter mode before its
+first import, so the cases run in a child process; in the parent one test runs that child.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CHILD_ENV = "SGLANG_KIMI_TREE_MASK_CHILD"
+
+if os.environ.get(CHILD_ENV) != "1":
+    from support.child_process import run_file_in_interpreted_child
+
+    def test_sglang_triton_extend_attention_reads_the_tree_mask():
+        run_file_in_interpreted_child(__file__, CHILD_ENV)
+
+else:
+    from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
+
+    with interpreter_imports():
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from sglang_kimi.speculators.trees import DraftTree
+    from sglang_kimi.workers.tree_batch import full_tree_mask
+
+    assert interpreter_active(), "the child process must run Triton's interpreter"
+
+    HEADS, QK_DIM, V_DIM, SCALE = 2, 80, 64, 0.1  # MLA-like: one shared latent head, V its leading columns
+
+    def random_trees(gen, batch: int, n: int) -> DraftTree:
+        parents = torch.full((batch, n), -1)
+        for i in range(1, n):
+            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)  # any earlier node: a random tree
+        tokens = torch.randint(0, 100, (batch, n), generator=gen)
+        return DraftTree.from_parents(tokens, parents)
+
+    def attention(prefix_lens: list[int], ancestor: torch.Tensor, mask: torch.Tensor, gen) -> tuple:
+        """SGLang's kernel with ``mask``, and the reference; the verify batch laid out as the triton backend does."""
+        batch, n, _ = ancestor.shape
+        total_prefix = sum(prefix_lens)
+        k_buffer = torch.randn(total_prefix + batch * n, 1, QK_DIM, generator=gen)  # [slots, 1, D]
+        v_buffer = k_buffer[..., :V_DIM].clone()
+        q = torch.randn(batch * n, HEADS, QK_DIM, generator=gen)  # [B*N, H, D]
+        k_extend, v_extend = k_buffer[total_prefix:].clone(), v_buffer[total_prefix:].clone()
+        qo_indptr = torch.arange(0, (batch + 1) * n, n, dtype=torch.int32)
+        kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+        kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens), 0)
+        kv_indices = torch.arange(total_prefix, dtype=torch.int64)
+        mask_indptr = torch.zeros(batch + 1, dtype=torch.int64)
+        mask_indptr[1:] = torch.cumsum(n * (torch.tensor(prefix_lens) + n), 0)  # from the device lengths
+        out = torch.empty(batch * n, HEADS, V_DIM)
+        extend_attention_fwd(
+            q, k_extend, v_extend, out, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, mask, True,
+            mask_indptr, n, 1.0, 1.0, sm_scale=SCALE,
+        )  # fmt: skip
+        ref = torch.empty_like(out)
+        for b in range(batch):
+            rows = slice(b * n, (b + 1) * n)
+            keys = torch.cat([k_buffer[kv_indptr[b] : kv_indptr[b + 1], 0], k_extend[rows, 0]])  # [P+N, D]
+            values = torch.cat([v_buffer[kv_indptr[b] : kv_indptr[b + 1], 0], v_extend[rows, 0]])
+            allowed = torch.cat([torch.ones(n, prefix_lens[b], dtype=torch.bool), ancestor[b]], 1)  # [N, P+N]
+            for h in range(HEADS):
+                scores = (q[rows, h] @ keys.T * SCALE).masked_fill(~allowed, float("-inf"))
+                ref[rows, h] = torch.softmax(scores, -1) @ values
+        return out, ref
+
+    @pytest.mark.parametrize(
+        "prefix_lens,n,slack",
+        [([7, 12, 3], 5, [0, 0, 0]), ([7, 12, 3], 5, [18, 18, 18]), ([1, 30], 9, [4, 0]), ([20], 8, [16])],
+    )
+    def test_mask_from_the_device_lengths(prefix_lens, n, slack):
+        gen = torch.Generator().manual_seed(sum(prefix_lens) + n)
+        tree = random_trees(gen, len(prefix_lens), n)
+        ancestor = tree.ancestor_mask()  # [B, N, N]
+        bound = [p + s for p, s in zip(prefix_lens, slack)]  # the host's upper bound of the lengths
+        mask = full_tree_mask(ancestor, torch.tensor(prefix_lens), n * (sum(bound) + len(bound) * n))
+        out, ref = attention(prefix_lens, ancestor, mask, gen)
+        assert (out - ref).abs().max().item() < 1e-4  # float32 softmax over at most 40 keys
+        if any(slack):  # laid out from the bound, the rows land on other requests' and the prefix's columns
+            gen = torch.Generator().manual_seed(sum(prefix_lens) + n)
+            random_trees(gen, len(prefix_lens), n)
+            stale = full_tree_mask(ancestor, torch.tensor(bound), n * (sum(bound) + len(bound) * n))
+            out, ref = attention(prefix_lens, ancestor, stale, gen)
+            assert (out - ref).abs().max().item() > 1e-2
+
+    def test_capacity_past_the_rows_is_never_read():
+        gen = torch.Generator().manual_seed(5)
+        tree = random_trees(gen, 2, 4)
+        tight = full_tree_mask(tree.ancestor_mask(), torch.tensor([3, 6]), 4 * (9 + 8))
+        loose = full_tree_mask(tree.ancestor_mask(), torch.tensor([3, 6]), 500)
+        assert torch.equal(loose[: tight.numel()], tight) and loose[tight.numel() :].all()
