@@ -236,15 +236,16 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "lossless-dflash-sampling",
         "sglang.srt.speculative.dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus",
         "sglang_kimi.workers.dflash_sampling:install_dflash_sampling",
-        "upstream bug: without the CUDA sampling kernel (ROCm, CPU) DFLASH verifies sampled requests greedily; "
+        "upstream bug: without the CUDA sampling kernel (ROCm, CPU) DFLASH verifies sampled requests greedily, and "
+        "on CUDA without FlashInfer (whose headers SGLang builds that kernel from) its start-up warm-up fails; "
         "verify the chain with the plugin's lossless target-only rule",
     ),
     Entry(
         "lossless-dflash-sampling-available",
         "sglang.srt.speculative.dflash_utils.is_dflash_sampling_verify_available",
         "sglang_kimi.workers.dflash_sampling:install_dflash_sampling_available",
-        "tells the DFLASH worker that sampled verification is available on ROCm and CPU (upstream says no and falls "
-        "back to greedy argmax verification there)",
+        "tells the DFLASH worker that sampled verification is available on ROCm, CPU and CUDA without FlashInfer "
+        "(upstream says no and falls back to greedy argmax verification on ROCm and CPU)",
     ),
     Entry(
         "exact-penalties-dflash",

@@ -7,7 +7,8 @@ verifies the batch with ``speculators.verify.verify_tree`` (the Triton kernel on
 exactly what SGLang's non-speculative ``pytorch`` sampler samples from (``tree_batch.verify_probs``), after the same
 logit processing ``eagle_sample`` applies (NaN sanitising, accumulated penalties, logit bias, grammar mask).
 
-Greedy batches keep upstream's greedy path; CUDA, XPU and NPU keep upstream's code unchanged. With
+Greedy batches keep upstream's greedy path; CUDA (with FlashInfer, whose headers SGLang builds its sampling kernel
+from: ``sampled_batches``), XPU and NPU keep upstream's code unchanged. With
 ``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=1`` (debugging only) sampled batches are left to upstream too, i.e. verified
 greedily on HIP and CPU: the switch that shows a sampling test can fail.
 """
