@@ -48,6 +48,14 @@ def modes() -> dict[str, list[str]]:
     }
 
 
+def stand_ins() -> list[str]:
+    """The plugin's CUDA stand-in entries that apply in this environment: servers with other ones compute other
+    numbers (the MoE on the native loop or on the Triton fused MoE), so tokens are compared only between equal sets."""
+    from sglang_kimi import plugin
+
+    return sorted(e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN and not plugin._skip_reason(e))
+
+
 def generate(base_url: str, prompt: str, max_new_tokens: int) -> dict:
     body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
     body["sampling_params"]["ignore_eos"] = True
@@ -188,8 +196,12 @@ def main(argv=None) -> int:
     references = []
     if opts.reference:
         earlier = json.loads(opts.reference.read_text())
-        if earlier.get("max_new_tokens") != opts.max_new_tokens or earlier.get("device") != device:
-            print(f"--reference {opts.reference}: another device or --max-new-tokens; not used", flush=True)
+        if (earlier.get("max_new_tokens"), earlier.get("device"), earlier.get("stand_ins")) != (
+            opts.max_new_tokens,
+            device,
+            stand_ins(),
+        ):
+            print(f"--reference {opts.reference}: another device, --max-new-tokens or stand-ins; not used", flush=True)
         else:
             references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"] if "output_ids" in r]
     has_reference = any(r["config"] == "eager/autoregressive" for r in references)
@@ -220,7 +232,7 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stem = f"serve-{device.replace(' ', '_')}-{stamp}"
     result = {"device": device, "torch": torch.__version__, "max_new_tokens": opts.max_new_tokens,
-              "dtype": opts.dtype or "checkpoint (bfloat16)", "rows": rows}  # fmt: skip
+              "dtype": opts.dtype or "checkpoint (bfloat16)", "stand_ins": stand_ins(), "rows": rows}  # fmt: skip
     (opts.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     plot(rows, opts.out / f"{stem}.png", device)
     failed = [r["config"] for r in rows if "error" in r or r.get("equals_autoregressive") is False]

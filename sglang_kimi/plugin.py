@@ -118,6 +118,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         when=CUDA_STAND_IN,
     ),
     Entry(
+        "cuda-stand-in-moe-triton",
+        "sglang.srt.layers.quantization.unquant.UnquantizedFusedMoEMethod.forward_native",
+        "sglang_kimi.cuda_stand_in.fixes:install_moe_on_triton",
+        "without sgl_kernel on a CUDA device: SGLANG_FORCE_FUSED_OP_BACKEND=torch (the norms, activations and "
+        "rotary without sgl_kernel) also puts the unquantised MoE on its native torch loop, which copies the "
+        'per-expert token counts to the host: no CUDA graph captures it ("Cannot copy between CPU and CUDA tensors '
+        "during CUDA graph capture\"); run SGLang's CUDA path, the Triton fused MoE, instead",
+        when=CUDA_STAND_IN,
+        needs=(
+            "sglang.srt.layers.quantization.unquant.UnquantizedFusedMoEMethod.forward_native",
+            "sglang.srt.layers.quantization.unquant.UnquantizedFusedMoEMethod.forward_cuda",
+        ),
+    ),
+    Entry(
         "cuda-stand-in-router-gemm",
         "sglang.srt.models.deepseek_common.utils.tiny_router_gemm_max_tokens",
         "sglang_kimi.cuda_stand_in.fixes:install_no_tiny_router_gemm",

@@ -4,7 +4,9 @@ SGLang's own Triton twins, on such a machine only (``plugin.py``'s ``CUDA_STAND_
 - ops SGLang compiles at run time (``sglang.kernels.jit``) with no fallback: the fused MoE's activation, EAGLE's
   tree build and greedy tree verify, the router's small GEMM;
 - FlashInfer's top-k / top-p renormalisation, which the DFLASH worker runs at start-up;
-- the CuTe DSL dual GEMM, which SGLang's Llama MLP (the EAGLE3 drafter's) imports at construction.
+- the CuTe DSL dual GEMM, which SGLang's Llama MLP (the EAGLE3 drafter's) imports at construction;
+- the unquantised MoE's native torch loop, which ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` selects and no CUDA graph
+  can capture: SGLang's Triton fused MoE instead.
 
 Other JIT ops on that path either fall back by themselves when they cannot be built (the KV store's
 ``can_use_store_cache``) or sit behind SGLang's fused ops, which ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` puts on
@@ -112,6 +114,16 @@ def _verify_tree_greedy(
 def install_tree_verify(target: str):
     """EAGLE's greedy tree verify: SGLang's Triton version for the JIT CUDA kernel (same keyword names)."""
     hook(target, _verify_tree_greedy, "REPLACE")
+
+
+def moe_on_triton(self, layer, dispatch_output):
+    """The unquantised MoE's CUDA path (SGLang's Triton fused MoE) where the forced torch backend would run the native
+    loop, whose host copy of the per-expert token counts no CUDA graph can capture."""
+    return self.forward_cuda(layer, dispatch_output)
+
+
+def install_moe_on_triton(target: str):
+    hook(target, moe_on_triton, "REPLACE")
 
 
 def no_tiny_router_gemm(*, num_experts: int, hidden_size: int, weight_dtype: torch.dtype) -> int:

@@ -114,7 +114,13 @@ try:
     mode = dual_gemm.DualGemm._select_mode(None, None, 256)
 except ImportError:
     mode = "no dual GEMM in this SGLang"
-print("RESULT=" + json.dumps({"state": plugin.registration_state(), "dual_gemm_mode": mode}))
+from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+class Moe:  # the forced torch backend's method, on an object whose CUDA path records its call
+    forward_native = UnquantizedFusedMoEMethod.forward_native
+    def forward_cuda(self, layer, dispatch_output):
+        return ("cuda", layer, dispatch_output)
+moe = list(Moe().forward_native("layer", "dispatch"))
+print("RESULT=" + json.dumps({"state": plugin.registration_state(), "dual_gemm_mode": mode, "moe": moe}))
 """
 
 
@@ -188,3 +194,4 @@ def test_cuda_stand_in_entries_apply_through_sglang_hooks(unapplied_probe):
     assert result["dual_gemm_mode"] == (
         None if plugin.installed_sglang_has(dual_gemm) else "no dual GEMM in this SGLang"
     )
+    assert result["moe"] == ["cuda", "layer", "dispatch"]  # the MoE's CUDA path, not the native loop
