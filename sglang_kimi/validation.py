@@ -12,6 +12,7 @@ Kimi release or quantization: logged, not refused). In tree mode the verify wind
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -438,6 +439,12 @@ def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
             f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel; on {device} sampled "
             "requests would be verified greedily (the target's argmax, not a sample): drop both thresholds (sampled "
             "requests are then verified losslessly)"
+        )
+    if importlib.util.find_spec("flashinfer") is None:
+        raise SpeculativeConfigError(
+            f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel, which it builds from "
+            "FlashInfer's headers, and FlashInfer is not installed (the plugin then verifies sampled requests with "
+            "the lossless rule): install FlashInfer (pip install flashinfer-python), or drop both thresholds"
         )
     logger.warning(
         "sglang-kimi: %s: sampled requests are accepted with SGLang's relaxed rule, so their tokens do not follow the "
