@@ -7,6 +7,7 @@ and stopped in turn:
 
 - parity: the demo's GSM8K questions, greedy, ``--max-new-tokens`` tokens each (``ignore_eos``), one at a time; a
   speculative mode's tokens must equal those of the autoregressive server with the same CUDA-graph setting;
+- two sampled requests (temperature 0.8): the sampled verify path serves (its distribution is tested on CPU);
 - throughput: at each ``--concurrency`` c, c untimed requests (Triton compiles kernels for the batch sizes it
   meets), then 2c requests (at least 4) from c client threads; tokens/s is the completion tokens over the wall
   time of those;
@@ -56,8 +57,8 @@ def stand_ins() -> list[str]:
     return sorted(e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN and not plugin._skip_reason(e))
 
 
-def generate(base_url: str, prompt: str, max_new_tokens: int) -> dict:
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+def generate(base_url: str, prompt: str, max_new_tokens: int, temperature: float = 0.0) -> dict:
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
     body["sampling_params"]["ignore_eos"] = True
     response = requests.post(base_url + "/generate", json=body, timeout=300)
     response.raise_for_status()
@@ -84,6 +85,11 @@ def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) 
         with start_server(args, cpu=False, port=ANY_PORT, log_path=out / f"{name}.log", timeout=opts.ready_s) as srv:
             row["ready_s"] = round(time.perf_counter() - t0, 1)
             row["output_ids"] = [generate(srv.base_url, p, opts.max_new_tokens)["output_ids"] for p in prompts]
+            # the sampled verify path served at all (its distribution is tested on CPU): tokens of 2 requests
+            row["sampled_tokens"] = [
+                generate(srv.base_url, p, opts.max_new_tokens, temperature=0.8)["meta_info"]["completion_tokens"]
+                for p in prompts[:2]
+            ]
             row["throughput"] = [throughput(srv.base_url, prompts, c, opts.max_new_tokens) for c in opts.concurrency]
             state = fetch_plugin_state(srv.base_url)
             metrics = state.get("spec_metrics") or {}

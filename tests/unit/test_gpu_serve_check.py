@@ -1,0 +1,81 @@
+"""scripts/gpu_serve_check.py without a GPU: the configurations it serves and in what order, which earlier run it
+takes as the autoregressive reference, and how it judges parity (the demo's rule: every reference token, in order)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_serve_check.py"
+
+
+@pytest.fixture(scope="module")
+def check():
+    spec = importlib.util.spec_from_file_location("gpu_serve_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_serve_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_nothing(check, tmp_path, *args) -> dict:
+    """main() with no time left: every configuration is listed as not run, in the order it would have run."""
+    out = tmp_path / "out"
+    assert check.main(["--out", str(out), "--deadline-s", "0", *args]) == 0
+    (result,) = out.glob("serve-*.json")
+    return json.loads(result.read_text())
+
+
+def test_configs_run_in_the_given_order_after_the_autoregressive_reference(check, tmp_path):
+    result = run_nothing(check, tmp_path, "--configs", "graphs/dflash-chain,eager/dflash-tree-8")
+    assert [r["config"] for r in result["rows"]] == [
+        "eager/autoregressive",  # no reference given: served first
+        "graphs/dflash-chain",
+        "eager/dflash-tree-8",
+    ]
+    assert all("not run" in r["skipped"] for r in result["rows"])
+    default = run_nothing(check, tmp_path / "b", "--graphs", "eager,graphs", "--modes", "dflash-chain")
+    assert [r["config"] for r in default["rows"]] == [
+        "eager/autoregressive",
+        "eager/dflash-chain",
+        "graphs/dflash-chain",
+    ]
+
+
+def test_unknown_configurations_are_refused(check, tmp_path):
+    with pytest.raises(SystemExit):
+        check.main(["--out", str(tmp_path), "--configs", "eager/dflash-chain,fast/dflash-chain"])
+    with pytest.raises(SystemExit):
+        check.main(["--out", str(tmp_path), "--configs", "eager/medusa"])
+
+
+def test_a_reference_counts_only_from_the_same_device_length_and_stand_ins(check, tmp_path):
+    earlier = run_nothing(check, tmp_path / "a", "--configs", "eager/autoregressive")
+    earlier["rows"] = [{"config": "eager/autoregressive", "output_ids": [[1, 2, 3]]}]
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(earlier))
+    rows = run_nothing(check, tmp_path / "b", "--configs", "eager/dflash-chain", "--reference", str(same))["rows"]
+    assert [r["config"] for r in rows] == ["eager/dflash-chain"]  # the earlier autoregressive tokens serve
+    for field, value in (("stand_ins", ["cuda-stand-in-moe-triton"]), ("max_new_tokens", 7), ("device", "other")):
+        other = tmp_path / f"{field}.json"
+        other.write_text(json.dumps(dict(earlier, **{field: value})))
+        rows = run_nothing(check, tmp_path / field, "--configs", "eager/dflash-chain", "--reference", str(other))
+        assert [r["config"] for r in rows["rows"]] == ["eager/autoregressive", "eager/dflash-chain"], field
+
+
+def test_parity_needs_every_reference_token_in_order(check):
+    ref = {"config": "eager/autoregressive", "output_ids": [[1, 2, 3, 4], [5, 6, 7]]}
+    rows = [
+        {"config": "eager/dflash-chain", "output_ids": [[1, 2, 3, 4], [5, 6, 7]]},
+        {"config": "eager/dflash-tree-8", "output_ids": [[1, 2, 9, 4], [5, 6, 7]]},
+        {"config": "graphs/eagle3-tree", "output_ids": [[1, 2, 3, 4], [5, 6]]},  # shorter: not equal
+    ]
+    check.compare(rows, [ref])
+    assert rows[0]["equals_autoregressive"] and rows[0]["diverged"] == []
+    assert rows[1]["diverged"] == [{"prompt": 0, "first_different_token": 2}]
+    assert rows[2]["diverged"] == [{"prompt": 1, "first_different_token": 2}]
+    assert rows[2]["reference"].endswith("eager/autoregressive")  # no graphs reference: the eager one
