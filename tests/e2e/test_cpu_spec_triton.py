@@ -1,10 +1,12 @@
-"""SGLang's own Triton attention backend serving EAGLE3 trees on CPU, through Triton's interpreter, in float32.
+"""SGLang's own Triton attention backend serving draft trees on CPU, through Triton's interpreter, in float32: EAGLE3
+trees (SGLang builds their mask) and the plugin's DFLASH trees (the plugin builds theirs), as on a GPU.
 
-This is the path ``cpu-tree-mask-mode`` fixes: SGLang builds QLEN_ONLY tree masks on CPU while the Triton verify
-kernel reads FULL_MASK rows, so without the hook the verify attends under a garbage mask and greedy output
-diverges. The interpreter runs every Triton launch in Python (about 100x slower than compiled), so: one prompt,
-16 tokens, compared with the non-speculative server's greedy tokens, and the log-probabilities the verify forwards
-report for them with transformers' (one wrong mask cell moves them by ~1e-3).
+For EAGLE3 this is the path ``cpu-tree-mask-mode`` fixes: SGLang builds QLEN_ONLY tree masks on CPU while the Triton
+verify kernel reads FULL_MASK rows, so without the hook the verify attends under a garbage mask and greedy output
+diverges. For DFLASH trees it is the FULL_MASK the plugin lays out for SGLang's Triton extend kernel. The
+interpreter runs every Triton launch in Python (about 100x slower than compiled), so: one prompt, 16 tokens,
+compared with the non-speculative server's greedy tokens, tau, and the log-probabilities the verify forwards report
+for them with transformers' (one wrong mask cell moves them by ~1e-3).
 """
 
 from __future__ import annotations
@@ -46,34 +48,53 @@ def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
     return logp[len(ids) - 1 : -1].gather(1, torch.tensor(output_ids)[:, None])[:, 0]
 
 
-def test_eagle3_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch):
+TREES = {
+    # the path ``cpu-tree-mask-mode`` fixes (SGLang builds the mask)
+    "eagle3-tree": [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(TRAINED_EAGLE3),
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "2",
+        "--speculative-num-draft-tokens",
+        "6",
+    ],
+    # the plugin's DFLASH tree worker: its FULL_MASK, laid out from the verify batch's lengths, read by SGLang's
+    # Triton extend kernel as on a GPU
+    "dflash-tree-8": [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(ASSETS_DIR / "tiny-kimi-k2.6-dflash"),
+        "--speculative-dflash-tree-budget",
+        "8",
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", list(TREES))
+def test_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch, mode):
     reference = generate(tiny_server.base_url)["output_ids"]
-    drafter = TRAINED_EAGLE3
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the server processes only (Triton is decorated here)
     server = start_server(
-        [
-            "--attention-backend",
-            "triton",
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            str(drafter),
-            "--speculative-num-steps",
-            "3",
-            "--speculative-eagle-topk",
-            "2",
-            "--speculative-num-draft-tokens",
-            "6",
-        ],
+        ["--attention-backend", "triton", *TREES[mode]],
         port=ANY_PORT,
         log_path=tmp_path / "server.log",
         timeout=1800,
     )
     try:
-        assert fetch_plugin_state(server.base_url)["registrations"]["cpu-tree-mask-mode"] == "ok"
+        state = fetch_plugin_state(server.base_url)
+        assert state["registrations"]["cpu-tree-mask-mode"] == "ok"
         out = generate(server.base_url)
-        assert out["output_ids"] == reference, "EAGLE3 tree on triton (CPU) differs from the non-speculative output"
+        assert out["output_ids"] == reference, f"{mode} on triton (CPU) differs from the non-speculative output"
         assert out["meta_info"]["spec_verify_ct"] > 0
+        tau = (fetch_plugin_state(server.base_url).get("spec_metrics") or {}).get("tau")
+        assert tau is not None and tau > 2.0, (
+            f"{mode}: tau {tau}: the drafts are not being accepted"
+        )  # 3.0 and 3.4 seen
         got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
         error = (got - transformers_logprobs(reference)).abs().max().item()
         assert error < 1e-4, f"verify log-probabilities differ from transformers' by {error}"
