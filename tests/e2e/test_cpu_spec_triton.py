@@ -15,6 +15,7 @@ import pytest
 import requests
 import torch
 
+from sglang_kimi.demo import mode_args
 from sglang_kimi.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
 
 pytestmark = pytest.mark.e2e
@@ -50,29 +51,13 @@ def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
 
 TREES = {
     # the path ``cpu-tree-mask-mode`` fixes (SGLang builds the mask)
-    "eagle3-tree": [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(TRAINED_EAGLE3),
-        "--speculative-num-steps",
-        "3",
-        "--speculative-eagle-topk",
-        "2",
-        "--speculative-num-draft-tokens",
-        "6",
-    ],
+    "eagle3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+                    "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                    "--speculative-num-draft-tokens", "6"],
     # the plugin's DFLASH tree worker: its FULL_MASK, laid out from the verify batch's lengths, read by SGLang's
     # Triton extend kernel as on a GPU
-    "dflash-tree-8": [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(ASSETS_DIR / "tiny-kimi-k2.6-dflash"),
-        "--speculative-dflash-tree-budget",
-        "8",
-    ],
-}
+    "dflash-tree-8": mode_args()["dflash-chain"] + ["--speculative-dflash-tree-budget", "8"],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", list(TREES))

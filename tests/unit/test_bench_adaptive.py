@@ -3,20 +3,13 @@ median per level with every run kept, and the targets are judged on the folded n
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from support.repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_adaptive", REPO / "bench" / "bench_adaptive.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/bench_adaptive.py")
 
 
 def level(c, tput, tau=None, width=None):

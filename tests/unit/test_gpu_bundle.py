@@ -3,22 +3,13 @@ what its serving path imports while losing the compiled Rust front ends and the 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_gpu_bundle.py"
+from support.repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bundle():
-    spec = importlib.util.spec_from_file_location("build_gpu_bundle", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_gpu_bundle"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/build_gpu_bundle.py")
 
 
 def test_every_carried_package_is_pinned(bundle):

@@ -3,23 +3,15 @@ takes as the autoregressive reference, and how it judges parity (the demo's rule
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_serve_check.py"
+from support.repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("gpu_serve_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_serve_check"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/gpu_serve_check.py")
 
 
 def run_nothing(check, tmp_path, *args) -> dict:
