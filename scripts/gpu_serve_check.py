@@ -11,7 +11,9 @@ and stopped in turn:
 - throughput: at each ``--concurrency`` c, c untimed requests (Triton compiles kernels for the batch sizes it
   meets), then 2c requests (at least 4) from c client threads; tokens/s is the completion tokens over the wall
   time of those;
-- tau and per-position acceptance from the plugin's metrics in ``/server_info``.
+- tau and per-position acceptance from the plugin's metrics in ``/server_info``;
+- the GPU's idle share over ``--profile-steps`` steps of SGLang's torch profiler at ``--profile-concurrency``: the
+  host's part of a step that the device waits on (:func:`gpu_idle_share`).
 
 The script stops starting servers once less than ``--min-left-s`` of ``--deadline-s`` is left and reports the rest
 as not run; when the first autoregressive server cannot serve, it stops there (every other mode would fail the
@@ -23,6 +25,7 @@ same way). Results: a table, ``serve-<device>-<time>.json`` and ``.png`` in ``--
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -78,6 +81,57 @@ def throughput(base_url: str, prompts: list[str], concurrency: int, max_new_toke
     return {"concurrency": concurrency, "requests": n, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
+GPU_EVENT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def gpu_idle_share(trace: Path) -> dict:
+    """From a torch profiler trace (Chrome JSON, gzipped or not) of a server decoding: the GPU's busy time (the union
+    of its kernel and copy intervals) and the share of the window, first GPU event to last, in which the GPU had
+    nothing to run. That idle share is the host's part of a step that the device waits on (drafting, tree build,
+    verify bookkeeping, scheduling) whatever overlaps it; 0 for a step bound by the device alone."""
+    opener = gzip.open if trace.suffix == ".gz" else open
+    with opener(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    spans = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATEGORIES
+    )
+    if not spans:
+        return {"gpu_events": 0}
+    busy, (start, end) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy, start = busy + end - start, s
+        end = max(end, e)
+    busy += end - start
+    window = max(e for _, e in spans) - spans[0][0]
+    share = 1.0 - busy / window if window > 0 else 0.0
+    return {"gpu_events": len(spans), "window_ms": window / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_share": share}
+
+
+def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, max_new_tokens: int):
+    """``steps`` scheduler steps of SGLang's torch profiler (``/start_profile``) while ``concurrency`` requests
+    decode; the trace's :func:`gpu_idle_share`."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = ["CPU", "GPU"] if torch.cuda.is_available() else ["CPU"]
+    with ThreadPoolExecutor(concurrency) as pool:
+        jobs = [pool.submit(generate, base_url, prompts[i % len(prompts)], max_new_tokens) for i in range(concurrency)]
+        time.sleep(1.0)  # past the prefills: the profiled steps decode
+        body = {"output_dir": str(folder), "num_steps": steps, "activities": activities}
+        requests.post(base_url + "/start_profile", json=body, timeout=120).raise_for_status()
+        for job in jobs:
+            job.result()
+    deadline = time.monotonic() + 60  # the trace is written after the last profiled step
+    while not (traces := sorted(folder.glob("*.trace.json*"))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not traces:
+        raise RuntimeError(f"no trace in {folder} 60 s after the requests: fewer than {steps} steps were profiled")
+    return dict(gpu_idle_share(traces[0]), trace=str(traces[0].relative_to(folder.parent)), steps=steps)
+
+
 def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) -> dict:
     row = {"config": name, "args": args}
     t0 = time.perf_counter()
@@ -91,6 +145,12 @@ def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) 
                 for p in prompts[:2]
             ]
             row["throughput"] = [throughput(srv.base_url, prompts, c, opts.max_new_tokens) for c in opts.concurrency]
+            if opts.profile_steps:  # long requests, so that the profiled steps all decode
+                try:
+                    row["profile"] = profile(srv.base_url, prompts, out / f"{name}-profile", opts.profile_steps,
+                                             opts.profile_concurrency, 4 * opts.max_new_tokens)  # fmt: skip
+                except Exception as exc:  # the serving numbers stand without it
+                    row["profile"] = {"error": f"{type(exc).__name__}: {str(exc)[-500:]}"}
             state = fetch_plugin_state(srv.base_url)
             metrics = state.get("spec_metrics") or {}
             row["tau"] = metrics.get("tau")
@@ -126,8 +186,10 @@ def compare(rows: list[dict], references: list[dict] = ()) -> None:
 
 
 def print_table(rows: list[dict], concurrency: list[int]) -> None:
-    head = f"{'config':<24}{'ready s':>8}{'tau':>6}  {'= AR':<5}" + "".join(
-        f"{f'c={c} tok/s':>12}" for c in concurrency
+    head = (
+        f"{'config':<24}{'ready s':>8}{'tau':>6}  {'= AR':<5}"
+        + "".join(f"{f'c={c} tok/s':>12}" for c in concurrency)
+        + f"{'GPU idle':>10}"
     )
     print("\n" + head)
     for row in rows:
@@ -137,7 +199,9 @@ def print_table(rows: list[dict], concurrency: list[int]) -> None:
         tau = f"{row['tau']:.2f}" if row.get("tau") else "-"
         same = {True: "yes", False: "NO", None: "ref"}[row.get("equals_autoregressive")]
         tps = "".join(f"{t['tok_s']:>12.1f}" for t in row["throughput"])
-        print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}")
+        idle = (row.get("profile") or {}).get("gpu_idle_share")
+        idle = "-" if idle is None else f"{idle:.1%}"
+        print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}{idle:>10}")
 
 
 def plot(rows: list[dict], path: Path, device: str) -> None:
@@ -184,6 +248,13 @@ def main(argv=None) -> int:
         help="a JSON of an earlier run on the same device and settings whose autoregressive rows serve as the "
         "reference where this run has none",
     )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=20,
+        help="scheduler steps profiled per server for the GPU's idle share, the host's part of a step (0: none)",
+    )
+    p.add_argument("--profile-concurrency", type=int, default=8, help="requests decoding while profiled")
     p.add_argument("--dtype", default=None, help="--dtype for every server (default: the checkpoint's, bfloat16)")
     opts = p.parse_args(argv)
     import torch

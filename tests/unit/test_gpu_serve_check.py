@@ -71,3 +71,24 @@ def test_parity_needs_every_reference_token_in_order(check):
     assert rows[1]["diverged"] == [{"prompt": 0, "first_different_token": 2}]
     assert rows[2]["diverged"] == [{"prompt": 1, "first_different_token": 2}]
     assert rows[2]["reference"].endswith("eager/autoregressive")  # no graphs reference: the eager one
+
+
+def test_gpu_idle_share_is_the_uncovered_part_of_the_gpu_window(check, tmp_path):
+    events = [
+        {"ph": "X", "cat": "kernel", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "kernel", "ts": 5, "dur": 10},  # overlaps the first: busy 0-15
+        {"ph": "X", "cat": "gpu_memcpy", "ts": 15, "dur": 5},  # touches it: busy 0-20
+        {"ph": "X", "cat": "cpu_op", "ts": 20, "dur": 60},  # host work: not GPU time
+        {"ph": "X", "cat": "kernel", "ts": 60, "dur": 40},  # idle 20-60, busy 60-100
+        {"ph": "i", "cat": "kernel", "ts": 200},  # an instant event, no interval
+    ]
+    trace = tmp_path / "t.trace.json.gz"
+    with check.gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    result = check.gpu_idle_share(trace)
+    assert result["gpu_events"] == 4
+    assert result["window_ms"] == pytest.approx(0.1) and result["gpu_busy_ms"] == pytest.approx(0.06)
+    assert result["gpu_idle_share"] == pytest.approx(0.4)
+    plain = tmp_path / "cpu.trace.json"
+    plain.write_text(json.dumps({"traceEvents": events[3:4]}))
+    assert check.gpu_idle_share(plain) == {"gpu_events": 0}
