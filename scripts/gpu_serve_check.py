@@ -270,13 +270,14 @@ def main(argv=None) -> int:
     bad = [f"{g}/{m}" for g, m in ((c + ("",))[:2] for c in configs) if g not in GRAPHS or m not in all_modes]
     if bad:
         p.error(f"unknown configurations {bad}; graphs: {list(GRAPHS)}, modes: {list(all_modes)}")
+    applied = stand_ins()
     references = []
     if opts.reference:
         earlier = json.loads(opts.reference.read_text())
         if (earlier.get("max_new_tokens"), earlier.get("device"), earlier.get("stand_ins")) != (
             opts.max_new_tokens,
             device,
-            stand_ins(),
+            applied,
         ):
             print(f"--reference {opts.reference}: another device, --max-new-tokens or stand-ins; not used", flush=True)
         else:
@@ -309,7 +310,7 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stem = f"serve-{device.replace(' ', '_')}-{stamp}"
     result = {"device": device, "torch": torch.__version__, "max_new_tokens": opts.max_new_tokens,
-              "dtype": opts.dtype or "checkpoint (bfloat16)", "stand_ins": stand_ins(), "rows": rows}  # fmt: skip
+              "dtype": opts.dtype or "checkpoint (bfloat16)", "stand_ins": applied, "rows": rows}  # fmt: skip
     (opts.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     plot(rows, opts.out / f"{stem}.png", device)
     failed = [r["config"] for r in rows if "error" in r or r.get("equals_autoregressive") is False]

@@ -12,7 +12,6 @@ Kimi release or quantization: logged, not refused). In tree mode the verify wind
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 from pathlib import Path
 
@@ -440,7 +439,9 @@ def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
             "requests would be verified greedily (the target's argmax, not a sample): drop both thresholds (sampled "
             "requests are then verified losslessly)"
         )
-    if importlib.util.find_spec("flashinfer") is None:
+    from sglang_kimi.workers.sampled_batches import flashinfer_installed
+
+    if not flashinfer_installed():
         raise SpeculativeConfigError(
             f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel, which it builds from "
             "FlashInfer's headers, and FlashInfer is not installed (the plugin then verifies sampled requests with "

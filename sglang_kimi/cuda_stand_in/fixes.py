@@ -153,7 +153,9 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
 def install_renorm(target: str):
     """SGLang takes top-k / top-p renormalisation on CUDA from FlashInfer (a lazy import resolved at the first call,
     which SGLang's hooks cannot wrap); the DFLASH worker's two renormalisations run in torch instead."""
-    if importlib.util.find_spec("flashinfer") is not None:
+    from sglang_kimi.workers.sampled_batches import flashinfer_installed
+
+    if flashinfer_installed():
         return "FlashInfer is installed"
     module = target.rpartition(".")[0]
     hook(f"{module}._dflash_top_k_renorm_prob", top_k_renorm_prob, "REPLACE")

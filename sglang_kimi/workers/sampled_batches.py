@@ -28,6 +28,12 @@ def warn_once(key: str, message: str, *args) -> None:
         logger.warning(message, *args)
 
 
+def flashinfer_installed() -> bool:
+    """Whether FlashInfer is importable here: SGLang builds its CUDA sampling kernel from its headers and takes top-k /
+    top-p renormalisation from it."""
+    return importlib.util.find_spec("flashinfer") is not None
+
+
 @functools.cache
 def plugin_verifies_sampling() -> bool:
     """Whether this process needs the plugin's sampled verification: ROCm, CPU, or CUDA without FlashInfer."""
@@ -35,7 +41,7 @@ def plugin_verifies_sampling() -> bool:
 
     if is_cpu() or is_hip():
         return True
-    return is_cuda() and importlib.util.find_spec("flashinfer") is None
+    return is_cuda() and not flashinfer_installed()
 
 
 def thresholds_are_lossless() -> bool:

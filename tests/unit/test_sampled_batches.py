@@ -1,7 +1,5 @@
 """Where the plugin verifies sampled requests itself (``workers.sampled_batches.plugin_verifies_sampling``)."""
 
-import importlib.util
-
 import pytest
 import sglang.srt.utils as sglang_utils
 
@@ -21,12 +19,7 @@ from sglang_kimi.workers import sampled_batches
 def test_the_plugin_verifies_where_sglang_has_no_sampling_kernel(monkeypatch, device, flashinfer, expected):
     for name in ("cpu", "hip", "cuda"):
         monkeypatch.setattr(sglang_utils, f"is_{name}", lambda name=name: name == device)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: (object() if flashinfer else None) if name == "flashinfer" else real_find_spec(name, *a),
-    )
+    monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: flashinfer)
     sampled_batches.plugin_verifies_sampling.cache_clear()
     try:
         assert sampled_batches.plugin_verifies_sampling() is expected

@@ -3,7 +3,6 @@ them are in ``tests/e2e/test_speculative_config.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from types import SimpleNamespace
 
@@ -12,6 +11,7 @@ from support.hub_cache import cache_snapshot
 
 from sglang_kimi import validation
 from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.workers import sampled_batches
 
 
 def eagle_shape(steps, topk, tokens):
@@ -85,20 +85,13 @@ def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, mon
             validation._check_accept_thresholds(thresholds(0.5, 1.0), "DFLASH", args)
     with pytest.raises(SpeculativeConfigError, match="acc 0.3: .*on CPU sampled requests would be verified greedily"):
         validation._check_accept_thresholds(thresholds(1.0, 0.3, "cpu"), "EAGLE3", PLAIN)
-    real_find_spec = importlib.util.find_spec
-    flashinfer = {"installed": True}
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: (
-            (object() if flashinfer["installed"] else None) if name == "flashinfer" else real_find_spec(name, *a)
-        ),
-    )
+    monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: True)
     with caplog.at_level("WARNING", logger="sglang_kimi"):  # CUDA: SGLang's kernel applies them, not lossless
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "DFLASH", PLAIN)
     assert sum("do not follow the target's distribution" in r.getMessage() for r in caplog.records) == 2
-    flashinfer["installed"] = False  # CUDA without FlashInfer: SGLang cannot build that kernel, the plugin verifies
+    # CUDA without FlashInfer: SGLang cannot build that kernel, the plugin verifies
+    monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: False)
     with pytest.raises(SpeculativeConfigError, match="FlashInfer is not installed.*install FlashInfer"):
         validation._check_accept_thresholds(thresholds(0.5, 1.0), "EAGLE3", PLAIN)
     monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: True)
