@@ -308,15 +308,14 @@ def cuda_graph_phases_on(config, disable_cuda_graph: bool) -> list[str]:
 def _cuda_graphs_enabled() -> bool:
     if not torch.cuda.is_available():
         return False
-    from sglang.srt.server_args import get_global_server_args
+    # SGLang's runtime context, published before any model loads (its older get_global_server_args() only raises)
+    from sglang.srt.runtime_context import get_exec, get_server_args
 
-    try:  # the config the model runner captures graphs by, published before any model loads
-        from sglang.srt.runtime_context import get_exec
-
+    try:  # the config the model runner captures graphs by
         config = get_exec().graph.cuda_graph_config
-    except (ImportError, AttributeError, ValueError):
+    except (AttributeError, ValueError):
         config = None
-    return bool(cuda_graph_phases_on(config, bool(get_global_server_args().disable_cuda_graph)))
+    return bool(cuda_graph_phases_on(config, bool(getattr(get_server_args(), "disable_cuda_graph", False))))
 
 
 def _after_load_kv_cache_scales(original, *args, model, kv_cache_dtype: str, **kwargs):

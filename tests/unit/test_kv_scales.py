@@ -475,3 +475,37 @@ def test_cuda_graph_phases_read_from_sglangs_resolved_config():
     # no published config (an SGLang without one): the legacy flag decides
     assert cuda_graph_phases_on(None, True) == []
     assert cuda_graph_phases_on(None, False) == ["decode", "prefill"]
+
+
+CUDA_GRAPHS_CHECK = """
+from unittest import mock
+from sglang.srt import runtime_context as rc
+from sglang.srt.server_args import ServerArgs
+from sglang_kimi.models import kv_scales as K
+seen = []
+for kwargs in ({}, {"disable_cuda_graph": True}):
+    rc.publish(ServerArgs(model_path="dummy", **kwargs), role="test", ranks=rc.SpawnRanks(world_rank=0))
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        seen.append(K._cuda_graphs_enabled())
+    rc.reset_context()
+print(seen)
+"""
+
+
+def test_cuda_graphs_read_from_sglangs_published_context():
+    """On a CUDA device the dynamic-scale check reads the server arguments SGLang published for the process (every
+    supported release retired ``get_global_server_args()``, which only raises): graphs on by default, off with the
+    legacy flag. A fresh process, SGLang's serving modules imported with the CPU shims."""
+    import os
+    import subprocess
+    import sys
+
+    from sglang_kimi.server import SHIMS_DIR
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIMS_DIR), os.environ.get("PYTHONPATH")]))}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", CUDA_GRAPHS_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[True, False]"
