@@ -538,6 +538,14 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "DFLASH with --speculative-dflash-tree-budget runs the DDTree worker (SGLang's DFLASH is chain-only)",
     ),
     Entry(
+        "dflash-tree-verify-graph-mask",
+        "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
+        "sglang_kimi.workers.tree_verify_graphs:install_mask_policy",
+        "DFLASH draft trees with CUDA graphs: SGLang captures the DFLASH verify graph without a custom mask on "
+        "backends with a causal path (triton, FlashInfer, FlashAttention, TRT-LLM), so a tree verify replaying it "
+        "would attend causally; when the tree worker serves, capture with the FULL_MASK tree mask as for EAGLE trees",
+    ),
+    Entry(
         "eagle-adaptive-policy",
         "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
         "sglang_kimi.workers.eagle_adaptive:install_policy",

@@ -59,7 +59,8 @@ from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_ord
 from sglang_kimi.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.workers.sampled_batches import sampled_result_from_rank0
-from sglang_kimi.workers.tree_batch import full_tree_mask, verify_coins, verify_probs
+from sglang_kimi.workers.tree_batch import full_tree_mask, tree_mask_capacity, verify_coins, verify_probs
+from sglang_kimi.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +131,29 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         self.adaptive = None
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
+        mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
 
     def init_cuda_graphs(self):
-        super().init_cuda_graphs()
+        """SGLang's DFLASH set-up, with the drafter eager: the drafter's graphs are captured for SGLang's chain
+        (the verify window's width, its argmax head folded in), while this worker runs the drafter over the block,
+        a different width, and ranks the drafts with the LM head itself. The target's verify graphs must carry
+        the tree mask."""
+        draft_worker = self._draft_worker
+        capture = draft_worker.init_cuda_graphs
+
+        def without_draft_graphs(capture_decode_cuda_graph: bool = True):
+            return capture(capture_decode_cuda_graph=False)
+
+        draft_worker.init_cuda_graphs = without_draft_graphs  # this worker's drafter only, for this call
+        try:
+            super().init_cuda_graphs()
+        finally:
+            del draft_worker.init_cuda_graphs
+        check_target_graphs(self.target_worker.model_runner)
         self._start_adaptive()
+
+    def _maybe_build_draft_sampler(self):
+        return None  # SGLang's in-graph argmax of the chain's drafts: the tree ranks each position's top K instead
 
     def _start_adaptive(self):
         if self._adaptive_pending:
@@ -204,7 +224,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
             draft_token_num=window,
             # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
             custom_mask=full_tree_mask(
-                tree.ancestor_mask(), prefix_lens, window * (int(seq_lens_cpu[:bs].sum()) + bs * window)
+                tree.ancestor_mask(),
+                prefix_lens,
+                tree_mask_capacity(seq_lens_cpu[:bs], window, target_runner.model_config.context_len),
             ),
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=kv_loc_plan,

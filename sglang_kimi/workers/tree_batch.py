@@ -45,6 +45,16 @@ def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, capac
     return mask
 
 
+def tree_mask_capacity(host_lens: torch.Tensor, window: int, context_len: int) -> int:
+    """The length of a tree verify's FULL_MASK buffer: ``window * sum(prefix + window)`` over the batch, from the
+    host's upper bound of the committed lengths (host_lens [B]), and never more than a batch of full contexts,
+    ``B * window * (context_len + window)``: the bound can run past the context near its end, and SGLang sizes its
+    graph-replay mask buffer (per request ``window * (context_len + window)``) by the latter."""
+    bs = int(host_lens.shape[0])
+    from_bound = window * (int(host_lens.sum()) + bs * window)
+    return min(from_bound, bs * window * (int(context_len) + window))
+
+
 def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:
     """The target distribution at every verify row, as the non-speculative sampler would draw from it.
 

@@ -99,3 +99,21 @@ else:
         tight = full_tree_mask(tree.ancestor_mask(), torch.tensor([3, 6]), 4 * (9 + 8))
         loose = full_tree_mask(tree.ancestor_mask(), torch.tensor([3, 6]), 500)
         assert torch.equal(loose[: tight.numel()], tight) and loose[tight.numel() :].all()
+
+    def test_mask_copied_into_a_graph_replay_buffer():
+        """Under CUDA graphs the captured kernel reads SGLang's verify-mask buffer (uint8, sized for the captured
+        batch at full context, holding an earlier step's values); a replay copies the step's mask to its front.
+        The capacity is clipped at a batch of full contexts when the host bound runs past the context's end."""
+        from sglang_kimi.workers.tree_batch import tree_mask_capacity
+
+        gen = torch.Generator().manual_seed(11)
+        prefix_lens, n, context_len, max_bs = [14, 5, 9], 6, 16, 4
+        tree = random_trees(gen, len(prefix_lens), n)
+        ancestor = tree.ancestor_mask()  # [B, N, N]
+        host_bound = torch.tensor(prefix_lens) + 2 * 8  # reserved lengths: past the context for the first request
+        capacity = tree_mask_capacity(host_bound, n, context_len)
+        assert capacity == len(prefix_lens) * n * (context_len + n) < n * (int(host_bound.sum()) + len(prefix_lens) * n)
+        buffer = torch.randint(0, 2, (max_bs * n * (context_len + n),), dtype=torch.uint8, generator=gen)  # stale
+        buffer[:capacity] = full_tree_mask(ancestor, torch.tensor(prefix_lens), capacity)
+        out, ref = attention(prefix_lens, ancestor, buffer, gen)
+        assert (out - ref).abs().max().item() < 1e-4
