@@ -29,7 +29,7 @@ import gzip
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import requests
@@ -38,6 +38,9 @@ from sglang_kimi.demo import gsm8k_prompt, load_questions, mode_args
 from sglang_kimi.server import ANY_PORT, fetch_plugin_state, start_server
 
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.3"]
+# the profiled requests' length: a server with CUDA graphs still decodes them 1 s in (they are aborted after the
+# profile), within the tiny model's 4096-token context
+PROFILE_MAX_NEW_TOKENS = 3000
 GRAPHS = {"eager": ["--disable-cuda-graph"], "graphs": ["--cuda-graph-max-bs-decode", "32"]}
 
 
@@ -110,26 +113,42 @@ def gpu_idle_share(trace: Path) -> dict:
     return {"gpu_events": len(spans), "window_ms": window / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_share": share}
 
 
+def _growing(path: Path, interval_s: float = 0.5) -> bool:
+    size = path.stat().st_size
+    time.sleep(interval_s)
+    return path.stat().st_size != size
+
+
 def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, max_new_tokens: int):
     """``steps`` scheduler steps of SGLang's torch profiler (``/start_profile``) while ``concurrency`` requests
-    decode; the trace's :func:`gpu_idle_share`."""
+    decode; the trace's :func:`gpu_idle_share`. The requests ask for ``max_new_tokens`` so that even a server with
+    CUDA graphs is still decoding when the profile starts, and are aborted once the trace is written."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
     activities = ["CPU", "GPU"] if torch.cuda.is_available() else ["CPU"]
     with ThreadPoolExecutor(concurrency) as pool:
         jobs = [pool.submit(generate, base_url, prompts[i % len(prompts)], max_new_tokens) for i in range(concurrency)]
-        time.sleep(1.0)  # past the prefills: the profiled steps decode
-        body = {"output_dir": str(folder), "num_steps": steps, "activities": activities}
-        requests.post(base_url + "/start_profile", json=body, timeout=120).raise_for_status()
-        for job in jobs:
-            job.result()
-    deadline = time.monotonic() + 60  # the trace is written after the last profiled step
-    while not (traces := sorted(folder.glob("*.trace.json*"))) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        try:
+            time.sleep(1.0)  # past the prefills: the profiled steps decode
+            if any(job.done() for job in jobs):
+                raise RuntimeError(f"a request of {max_new_tokens} tokens ended within 1 s: nothing left to profile")
+            body = {"output_dir": str(folder), "num_steps": steps, "activities": activities}
+            requests.post(base_url + "/start_profile", json=body, timeout=120).raise_for_status()
+            deadline = time.monotonic() + 60  # the trace is written after the last profiled step
+            while not (traces := sorted(folder.glob("*.trace.json*"))) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            while traces and time.monotonic() < deadline and _growing(traces[0]):
+                pass  # still being written
+        finally:
+            requests.post(base_url + "/abort_request", json={"abort_all": True}, timeout=60).raise_for_status()
+            wait(jobs)
+    complete = sum(job.exception() is None and job.result()["meta_info"]["completion_tokens"] == max_new_tokens
+                   for job in jobs)  # fmt: skip
     if not traces:
-        raise RuntimeError(f"no trace in {folder} 60 s after the requests: fewer than {steps} steps were profiled")
-    return dict(gpu_idle_share(traces[0]), trace=str(traces[0].relative_to(folder.parent)), steps=steps)
+        raise RuntimeError(f"no trace in {folder} 60 s after /start_profile: fewer than {steps} steps were profiled")
+    return dict(gpu_idle_share(traces[0]), trace=str(traces[0].relative_to(folder.parent)), steps=steps,
+                aborted=len(jobs) - complete)  # fmt: skip
 
 
 def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) -> dict:
@@ -148,7 +167,7 @@ def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) 
             if opts.profile_steps:  # long requests, so that the profiled steps all decode
                 try:
                     row["profile"] = profile(srv.base_url, prompts, out / f"{name}-profile", opts.profile_steps,
-                                             opts.profile_concurrency, 4 * opts.max_new_tokens)  # fmt: skip
+                                             opts.profile_concurrency, PROFILE_MAX_NEW_TOKENS)  # fmt: skip
                 except Exception as exc:  # the serving numbers stand without it
                     row["profile"] = {"error": f"{type(exc).__name__}: {str(exc)[-500:]}"}
             state = fetch_plugin_state(srv.base_url)
