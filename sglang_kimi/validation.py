@@ -432,12 +432,18 @@ def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
             f"{given}: DFLASH draft trees and adaptive widths verify sampled requests with the lossless rule only "
             "(the plugin's tree verify has no relaxed acceptance): drop both thresholds"
         )
-    device = "CPU" if (cfg.device or "").lower() == "cpu" else "ROCm" if is_hip() else None
+    kind = (cfg.device or "").lower()
+    device = "CPU" if kind == "cpu" else "ROCm" if is_hip() else None
     if device is not None:
         raise SpeculativeConfigError(
             f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel; on {device} sampled "
             "requests would be verified greedily (the target's argmax, not a sample): drop both thresholds (sampled "
             "requests are then verified losslessly)"
+        )
+    if kind not in ("", "cuda"):
+        raise SpeculativeConfigError(
+            f"{given}: SGLang's relaxed acceptance runs only in its CUDA sampling kernel, which --device {kind} does "
+            "not have: drop both thresholds"
         )
     from sglang_kimi.workers.sampled_batches import flashinfer_installed
 

@@ -85,6 +85,9 @@ def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, mon
             validation._check_accept_thresholds(thresholds(0.5, 1.0), "DFLASH", args)
     with pytest.raises(SpeculativeConfigError, match="acc 0.3: .*on CPU sampled requests would be verified greedily"):
         validation._check_accept_thresholds(thresholds(1.0, 0.3, "cpu"), "EAGLE3", PLAIN)
+    for other in ("xpu", "npu"):  # no CUDA sampling kernel, and no FlashInfer to name
+        with pytest.raises(SpeculativeConfigError, match=f"which --device {other} does not have: drop both"):
+            validation._check_accept_thresholds(thresholds(0.5, 1.0, other), "EAGLE3", PLAIN)
     monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: True)
     with caplog.at_level("WARNING", logger="sglang_kimi"):  # CUDA: SGLang's kernel applies them, not lossless
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
