@@ -60,7 +60,7 @@ def stand_ins() -> list[str]:
     numbers (the MoE on the native loop or on the Triton fused MoE), so tokens are compared only between equal sets."""
     from sglang_kimi import plugin
 
-    return sorted(e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN and not plugin._skip_reason(e))
+    return sorted(e.name for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN and not plugin.skip_reason(e))
 
 
 def generate(base_url: str, prompt: str, max_new_tokens: int, temperature: float = 0.0) -> dict:

@@ -604,7 +604,7 @@ STATUS: dict[str, str] = {}
 _registered = False
 
 
-def _skip_reason(entry: Entry) -> str | None:
+def skip_reason(entry: Entry) -> str | None:
     """Why ``entry`` does not apply in this process (None when it does)."""
     if entry.when == CPU_ONLY and os.environ.get("SGLANG_USE_CPU_ENGINE", "0").lower() not in ("1", "true"):
         return f"only when {entry.when}"
@@ -654,7 +654,7 @@ def register_all() -> None:
         return
     _registered = True
     for entry in REGISTRATIONS:
-        skip = _skip_reason(entry)
+        skip = skip_reason(entry)
         if skip:
             STATUS[entry.name] = f"skipped: {skip}"
             continue

@@ -64,9 +64,9 @@ def test_cpu_only_entries_skip_without_cpu_engine(monkeypatch):
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     cpu_entries = [e for e in plugin.REGISTRATIONS if e.when == plugin.CPU_ONLY]
     assert cpu_entries
-    assert all(plugin._skip_reason(e) == "only when cpu" for e in cpu_entries)
+    assert all(plugin.skip_reason(e) == "only when cpu" for e in cpu_entries)
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-    assert not any(plugin._skip_reason(e) for e in cpu_entries if e.since is None)
+    assert not any(plugin.skip_reason(e) for e in cpu_entries if e.since is None)
 
 
 def test_entries_newer_than_the_installed_sglang_skip(monkeypatch):
@@ -77,9 +77,9 @@ def test_entries_newer_than_the_installed_sglang_skip(monkeypatch):
     monkeypatch.setattr(sglang.version, "__version__", "0.5.21")
     monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: True)  # the CUDA stand-ins' machine
     for entry in newer:
-        assert plugin._skip_reason(entry) == f"needs SGLang {'.'.join(map(str, entry.since))} or later"
+        assert plugin.skip_reason(entry) == f"needs SGLang {'.'.join(map(str, entry.since))} or later"
     monkeypatch.setattr(sglang.version, "__version__", ".".join(map(str, max(e.since for e in newer))) + ".post1")
-    assert not any(plugin._skip_reason(e) for e in newer if e.when == plugin.ALWAYS)
+    assert not any(plugin.skip_reason(e) for e in newer if e.when == plugin.ALWAYS)
 
 
 PROBE_TWICE = """
@@ -165,9 +165,9 @@ def test_cuda_stand_in_entries_apply_only_on_cuda_without_sgl_kernel(monkeypatch
     entries = [e for e in plugin.REGISTRATIONS if e.when == plugin.CUDA_STAND_IN]
     assert entries
     monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: False)
-    assert all(plugin._skip_reason(e) == "only cuda without sgl_kernel" for e in entries)
+    assert all(plugin.skip_reason(e) == "only cuda without sgl_kernel" for e in entries)
     monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: True)
-    assert not any(plugin._skip_reason(e) for e in entries if plugin.installed_sglang_has(e))
+    assert not any(plugin.skip_reason(e) for e in entries if plugin.installed_sglang_has(e))
 
 
 def test_no_cuda_means_no_stand_in(monkeypatch):
