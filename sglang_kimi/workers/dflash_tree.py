@@ -14,6 +14,9 @@ its draft forward and its draft-KV bookkeeping, and replaces the decode step:
    (its KV was written at the final positions already), so the rest of SGLang, the drafter's KV append included,
    sees a chain of ``accepted + 1`` committed tokens.
 
+With CUDA graphs the verify of the full window replays SGLang's target graph, captured with the tree mask
+(``tree_verify_graphs.py``); narrower windows and larger batches run eager, and so does the drafter.
+
 With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too (a chain is a path tree of the
 block's argmax drafts) and each step runs the width ``w`` the policy chose for its batch (``adaptive/runtime.py``):
 w drafts of a chain or a tree of w nodes, a verify window of w + 1 tokens (the verify forward really shrinks; SGLang
