@@ -133,27 +133,58 @@ def stats_for(reporter) -> AcceptanceStats:
 class DraftHealth:
     """Draft positions whose logits were not finite (NaN or +inf: a corrupted or diverged drafter). Verification
     stays lossless whatever the draft; these positions only cost acceptance, so they are counted, logged once and
-    exported (``sglang_kimi:spec_nonfinite_draft_positions_total``) rather than allowed to fail a step."""
+    exported (``sglang_kimi:spec_nonfinite_draft_positions_total``) rather than allowed to fail a step.
+
+    The worker adds each step's count on the device (:meth:`add`: no host sync inside a decode step, which would
+    stall SGLang's overlap of host and device); the totals reach the host in :meth:`settle`, when ``/server_info``
+    asks and every ``SETTLE_EVERY`` steps after SGLang has brought a step's accept lengths to the host."""
+
+    SETTLE_EVERY = 64
 
     def __init__(self) -> None:
-        self.positions = 0
+        self.positions = 0  # settled totals
         self.steps = 0
         self._lock = threading.Lock()
         self._counter = None
+        self._device = None  # int64 [2]: positions, steps; added on the worker's device, unsettled
+        self._since_settle = 0
+        self._prometheus = False  # the server exports Prometheus metrics (told with each step)
 
-    def record(self, positions: int, prometheus: bool) -> None:
+    def add(self, nonfinite: torch.Tensor) -> None:
+        """One step's draft log-probs' non-finite mask, bool [bs, positions, K]."""
+        per_position = nonfinite.any(dim=-1)  # [bs, positions]
+        step = torch.stack([per_position.sum(), per_position.any().long()])  # [2], on the device
         with self._lock:
-            first = self.steps == 0
+            if self._device is None:
+                self._device = torch.zeros(2, dtype=torch.long, device=nonfinite.device)
+            self._device += step
+
+    def step_done(self, prometheus: bool) -> None:
+        """After a step's results reached the host: every ``SETTLE_EVERY`` steps, :meth:`settle`."""
+        self._prometheus = prometheus
+        self._since_settle += 1
+        if self._since_settle >= self.SETTLE_EVERY:
+            self.settle()
+
+    def settle(self) -> None:
+        with self._lock:
+            self._since_settle = 0
+            if self._device is None:
+                return
+            positions, steps = (int(v) for v in self._device.tolist())  # the one host sync
+            self._device.zero_()
+            first = self.steps == 0 and steps > 0
             self.positions += positions
-            self.steps += 1
+            self.steps += steps
         if first:
             logger.warning(
-                "sglang-kimi: the drafter produced non-finite logits (%d draft positions this step); those positions "
+                "sglang-kimi: the drafter produced non-finite logits (%d draft positions in %d steps); those positions "
                 "are drafted blind (output stays lossless, acceptance drops). Counted in /server_info "
                 "spec_metrics.nonfinite_draft_positions; check the drafter checkpoint",
                 positions,
+                steps,
             )
-        if prometheus:
+        if self._prometheus and positions:
             if self._counter is None:
                 from prometheus_client import Counter
 
@@ -168,6 +199,7 @@ draft_health = DraftHealth()
 
 
 def current_snapshot() -> dict | None:
+    draft_health.settle()
     if _stats is None and draft_health.steps == 0:
         return None
     snapshot = _stats.snapshot() if _stats is not None else {"steps": 0}
@@ -182,6 +214,7 @@ def _record_step(result_none, reporter, batch, result):
     ``spec_verify_ct``), and neither do these counters."""
     if result.accept_lens is None or batch.spec_algorithm.is_none():
         return
+    draft_health.step_done(prometheus=bool(reporter.enable_metrics))
     accepted = result.accept_lens.reshape(-1) - int(result.num_non_draft_tokens_per_req)  # [bs]
     record_tagged_step(result, accepted)  # adaptive EAGLE3: the step's outcome for the policy
     live = torch.tensor(

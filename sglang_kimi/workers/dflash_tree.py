@@ -421,13 +421,12 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
     def _blind_nonfinite_drafts(self, ranked_lp: torch.Tensor) -> torch.Tensor:
         """NaN or +inf log-probs (a corrupted drafter) become -inf: those positions' candidates rank last and the
-        tree stays well formed (verification is lossless whatever is drafted); counted and logged once."""
-        bad = torch.isnan(ranked_lp) | (ranked_lp == float("inf"))  # [bs, B-1, K]
-        if not bool(bad.any()):
-            return ranked_lp
+        tree stays well formed (verification is lossless whatever is drafted); counted on the device, logged once
+        (``metrics.DraftHealth``). Nothing here waits for the device."""
         from sglang_kimi.metrics import draft_health
 
-        draft_health.record(int(bad.any(dim=-1).sum()), prometheus=bool(self.server_args.enable_metrics))
+        bad = torch.isnan(ranked_lp) | (ranked_lp == float("inf"))  # [bs, B-1, K]
+        draft_health.add(bad)
         return ranked_lp.masked_fill(bad, float("-inf"))
 
     def _build_tree(self, root, ranked_lp, ranked_ids, budget: int) -> DraftTree:

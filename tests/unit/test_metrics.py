@@ -57,3 +57,31 @@ def test_no_steps_and_undrafted_positions_have_no_rate():
     snap = stats.snapshot()
     assert snap["acceptance_rate_per_position"] == [1.0, 0.5, None, None]
     assert snap["tau"] == 2.5
+
+
+def test_nonfinite_drafts_are_counted_on_the_device_and_settled_on_the_host(caplog):
+    """The tree worker adds each step's non-finite draft positions without a host sync; the totals reach the host
+    every SETTLE_EVERY steps (after SGLang brought a step's results there) and when /server_info asks, with one
+    warning the first time any appear."""
+    from sglang_kimi.metrics import DraftHealth
+
+    health = DraftHealth()
+    health.settle()  # nothing added yet
+    assert (health.positions, health.steps) == (0, 0)
+    clean = torch.zeros(2, 3, 4, dtype=torch.bool)  # [bs, positions, K]
+    bad = clean.clone()
+    bad[0, 1, 2] = bad[0, 1, 3] = bad[1, 0, 0] = True  # 2 positions (one with 2 bad candidates)
+    with caplog.at_level("WARNING", logger="sglang_kimi"):
+        for mask in (clean, bad, clean, bad):
+            health.add(mask)
+        assert (health.positions, health.steps) == (0, 0)  # still on the device
+        for _ in range(DraftHealth.SETTLE_EVERY - 1):
+            health.step_done(prometheus=False)
+        assert (health.positions, health.steps) == (0, 0)
+        health.step_done(prometheus=False)
+        assert (health.positions, health.steps) == (4, 2)
+        health.add(bad)
+        health.settle()  # as /server_info does
+        assert (health.positions, health.steps) == (6, 3)
+    warnings = [r.getMessage() for r in caplog.records if "non-finite logits" in r.getMessage()]
+    assert len(warnings) == 1 and "4 draft positions in 2 steps" in warnings[0]
