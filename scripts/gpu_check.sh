@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, on an offline machine with a stock PyTorch image (Python 3.12, PyTorch, Triton):
 #   install  the bundle from scripts/build_gpu_bundle.py (SGLang and what it imports) and this plugin;
-#   pytest   tests/gpu (the Triton kernels at full Kimi shapes against their torch twins);
+#   pytest   tests/gpu (the Triton kernels at full Kimi shapes against their torch twins; PYTEST_PATHS: other paths);
 #   bench    bench/bench_kernels.py copy, attention (vs SGLang's MLA decode kernel), ddtree, verify;
 #   moe      bench/bench_kernels.py moe (SGLang's fused MoE with the plugin's tables; sgl_kernel: the plugin's shim);
 #   sweep    bench/sweep_tree_attention.py (launch parameters of the tree attention kernel);
@@ -42,8 +42,8 @@ python3 -c "import sglang, sglang_kimi; print('sglang', sglang.__version__, 'sgl
 SHIMS=$(python3 -c "import sglang_kimi.server as s; print(s.SHIMS_DIR)")
 
 if want pytest; then
-    step "pytest tests/gpu"
-    timeout 140 python3 -m pytest tests/gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml" 2>&1 | tail -25
+    step "pytest ${PYTEST_PATHS:-tests/gpu}"
+    timeout 140 python3 -m pytest ${PYTEST_PATHS:-tests/gpu} -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml" 2>&1 | tail -25
 fi
 
 if want sweep; then

@@ -30,49 +30,22 @@ else:
     with interpreter_imports():
         from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    from sglang_kimi.speculators.trees import DraftTree
+    from support.tree_attention import SCALE, random_trees, reference, verify_batch
+
     from sglang_kimi.workers.tree_batch import full_tree_mask
 
     assert interpreter_active(), "the child process must run Triton's interpreter"
 
-    HEADS, QK_DIM, V_DIM, SCALE = 2, 80, 64, 0.1  # MLA-like: one shared latent head, V its leading columns
-
-    def random_trees(gen, batch: int, n: int) -> DraftTree:
-        parents = torch.full((batch, n), -1)
-        for i in range(1, n):
-            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)  # any earlier node: a random tree
-        tokens = torch.randint(0, 100, (batch, n), generator=gen)
-        return DraftTree.from_parents(tokens, parents)
-
     def attention(prefix_lens: list[int], ancestor: torch.Tensor, mask: torch.Tensor, gen) -> tuple:
         """SGLang's kernel with ``mask``, and the reference; the verify batch laid out as the triton backend does."""
         batch, n, _ = ancestor.shape
-        total_prefix = sum(prefix_lens)
-        k_buffer = torch.randn(total_prefix + batch * n, 1, QK_DIM, generator=gen)  # [slots, 1, D]
-        v_buffer = k_buffer[..., :V_DIM].clone()
-        q = torch.randn(batch * n, HEADS, QK_DIM, generator=gen)  # [B*N, H, D]
-        k_extend, v_extend = k_buffer[total_prefix:].clone(), v_buffer[total_prefix:].clone()
-        qo_indptr = torch.arange(0, (batch + 1) * n, n, dtype=torch.int32)
-        kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
-        kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens), 0)
-        kv_indices = torch.arange(total_prefix, dtype=torch.int64)
-        mask_indptr = torch.zeros(batch + 1, dtype=torch.int64)
-        mask_indptr[1:] = torch.cumsum(n * (torch.tensor(prefix_lens) + n), 0)  # from the device lengths
-        out = torch.empty(batch * n, HEADS, V_DIM)
+        a = verify_batch(prefix_lens, n, gen)
+        out = torch.empty(batch * n, a["q"].shape[1], a["v_buffer"].shape[-1])
         extend_attention_fwd(
-            q, k_extend, v_extend, out, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, mask, True,
-            mask_indptr, n, 1.0, 1.0, sm_scale=SCALE,
+            a["q"], a["k_extend"], a["v_extend"], out, a["k_buffer"], a["v_buffer"], a["qo_indptr"], a["kv_indptr"],
+            a["kv_indices"], mask, True, a["mask_indptr"], n, 1.0, 1.0, sm_scale=SCALE,
         )  # fmt: skip
-        ref = torch.empty_like(out)
-        for b in range(batch):
-            rows = slice(b * n, (b + 1) * n)
-            keys = torch.cat([k_buffer[kv_indptr[b] : kv_indptr[b + 1], 0], k_extend[rows, 0]])  # [P+N, D]
-            values = torch.cat([v_buffer[kv_indptr[b] : kv_indptr[b + 1], 0], v_extend[rows, 0]])
-            allowed = torch.cat([torch.ones(n, prefix_lens[b], dtype=torch.bool), ancestor[b]], 1)  # [N, P+N]
-            for h in range(HEADS):
-                scores = (q[rows, h] @ keys.T * SCALE).masked_fill(~allowed, float("-inf"))
-                ref[rows, h] = torch.softmax(scores, -1) @ values
-        return out, ref
+        return out, reference(a, prefix_lens, ancestor)
 
     @pytest.mark.parametrize(
         "prefix_lens,n,slack",
