@@ -146,7 +146,7 @@ class DraftHealth:
         self.steps = 0
         self._lock = threading.Lock()
         self._counter = None
-        self._device = None  # int64 [2]: positions, steps; added on the worker's device, unsettled
+        self._device = None  # int64 [2]: positions, steps; the totals, added on the worker's device
         self._since_settle = 0
         self._prometheus = False  # the server exports Prometheus metrics (told with each step)
 
@@ -171,11 +171,13 @@ class DraftHealth:
             self._since_settle = 0
             if self._device is None:
                 return
-            positions, steps = (int(v) for v in self._device.tolist())  # the one host sync
-            self._device.zero_()
+            # The device totals only grow and are never reset here: the worker adds on its own stream, and a reset
+            # from this one could land after an add it had not read. A read missing the latest adds settles them
+            # next time.
+            total_positions, total_steps = (int(v) for v in self._device.tolist())  # the one host sync
+            positions, steps = total_positions - self.positions, total_steps - self.steps
             first = self.steps == 0 and steps > 0
-            self.positions += positions
-            self.steps += steps
+            self.positions, self.steps = total_positions, total_steps
         if first:
             logger.warning(
                 "sglang-kimi: the drafter produced non-finite logits (%d draft positions in %d steps); those positions "
