@@ -154,10 +154,9 @@ class DraftHealth:
         """One step's draft log-probs' non-finite mask, bool [bs, positions, K]."""
         per_position = nonfinite.any(dim=-1)  # [bs, positions]
         step = torch.stack([per_position.sum(), per_position.any().long()])  # [2], on the device
-        with self._lock:
-            if self._device is None:
-                self._device = torch.zeros(2, dtype=torch.long, device=nonfinite.device)
-            self._device += step
+        with self._lock:  # out of place: steps run in and out of torch.inference_mode, and neither may update
+            # in place a tensor the other created
+            self._device = step if self._device is None else self._device + step
 
     def step_done(self, prometheus: bool) -> None:
         """After a step's results reached the host: every ``SETTLE_EVERY`` steps, :meth:`settle`."""

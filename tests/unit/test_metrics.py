@@ -72,8 +72,9 @@ def test_nonfinite_drafts_are_counted_on_the_device_and_settled_on_the_host(capl
     bad = clean.clone()
     bad[0, 1, 2] = bad[0, 1, 3] = bad[1, 0, 0] = True  # 2 positions (one with 2 bad candidates)
     with caplog.at_level("WARNING", logger="sglang_kimi"):
-        for mask in (clean, bad, clean, bad):
-            health.add(mask)
+        for i, mask in enumerate((clean, bad, clean, bad)):  # steps in and out of inference mode (profiles, decode)
+            with torch.inference_mode(i % 2 == 0):
+                health.add(mask)
         assert (health.positions, health.steps) == (0, 0)  # still on the device
         for _ in range(DraftHealth.SETTLE_EVERY - 1):
             health.step_done(prometheus=False)
