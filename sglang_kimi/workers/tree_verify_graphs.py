@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from sglang_kimi.hooks import hook
 
-MASK_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
-
 # Set by the tree worker when it is built; the target's graphs are captured after every worker exists.
 _tree_verify_in_process = False
 
