@@ -3,7 +3,8 @@
 
 The drafter against the target (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids,
 mask token, block size), the draft path, the tree budget, the EAGLE draft shape flags, relaxed acceptance
-thresholds where they would not be applied, and that the attention backends can serve the mode. Each problem is one
+thresholds where they would not be applied, and that the attention backends can serve the mode (on CPU, the
+draft worker's too, and ``triton`` only under Triton's interpreter, for every launch). Each problem is one
 :class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. Both configs are loaded once,
 through SGLang's own loader, and passed to the checks and to the pairing warnings (a drafter trained for another
 Kimi release or quantization: logged, not refused). In tree mode the verify window is sized here.
@@ -15,6 +16,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from sglang_kimi.cpu import KIMI_CPU_BACKEND
 from sglang_kimi.hooks import hook
 from sglang_kimi.options import (
     ADAPTIVE_CONFIG_FLAG,
@@ -402,15 +404,37 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
         )
 
 
-def _check_cpu_backend(cfg, algorithm: str) -> None:
-    """On --device cpu, every attention backend a speculative step uses must serve verify and draft forwards."""
+def _triton_interpreted() -> bool:
+    """Whether Triton kernels would run under Triton's interpreter (``TRITON_INTERPRET``, read as Triton reads it)."""
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton, or one without knobs: nothing runs a Triton kernel on CPU
+        return False
+    return bool(knobs.runtime.interpret)
+
+
+def _check_cpu_backends(cfg, algorithm: str | None) -> None:
+    """On --device cpu: a ``triton`` backend only under Triton's interpreter (without it the first kernel launch ends
+    the scheduler: "0 active drivers"), and, with a speculative algorithm, every backend of its steps (the draft
+    worker's ``--speculative-draft-attention-backend`` too) serving verify and draft forwards."""
     if (cfg.device or "").lower() != "cpu":
         return
-    for flag, backend in _backends(cfg):
-        if backend is not None and backend not in CPU_SPECULATIVE_BACKENDS:
+    backends = _backends(cfg)
+    if algorithm is not None:
+        backends.append(
+            ("--speculative-draft-attention-backend", getattr(cfg, "speculative_draft_attention_backend", None))
+        )
+    for flag, backend in backends:
+        if backend == "triton" and not _triton_interpreted():
             raise SpeculativeConfigError(
-                f"--speculative-algorithm {algorithm} on --device cpu needs an attention backend that serves "
-                f"verify and draft forwards, but {flag} is {backend}: use --attention-backend "
+                f"{flag} triton on --device cpu runs Triton kernels, which need a GPU or Triton's interpreter: set "
+                "TRITON_INTERPRET=1 (float32, slow: for testing the GPU kernels on CPU), or use "
+                f"{flag} {KIMI_CPU_BACKEND}"
+            )
+        if algorithm is not None and backend is not None and backend not in CPU_SPECULATIVE_BACKENDS:
+            raise SpeculativeConfigError(
+                f"--speculative-algorithm {algorithm} on --device cpu needs attention backends that serve "
+                f"verify and draft forwards, but {flag} is {backend}: use {flag} "
                 f"{' or '.join(CPU_SPECULATIVE_BACKENDS)} (triton only under TRITON_INTERPRET=1)"
             )
 
@@ -524,7 +548,8 @@ def _resolve_speculative(original, server_args):
     algorithm = (cfg.speculative_algorithm or "").upper() or None
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
-        _check_cpu_backend(cfg, algorithm)
+    _check_cpu_backends(cfg, algorithm)
+    if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)

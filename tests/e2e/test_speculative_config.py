@@ -254,6 +254,31 @@ def cases(d):
             dflash(d["dflash"], "--decode-attention-backend", "torch_native"),
             ["--decode-attention-backend is torch_native", "kimi_cpu"],
         ),
+        # the draft worker's own backend: SGLang's EAGLE draft-backend factory has no torch_native (a ValueError
+        # after the target's weights load); a DFLASH drafter on flashinfer fails at start-up on CPU
+        (
+            dflash(d["dflash"], "--speculative-draft-attention-backend", "torch_native"),
+            ["--speculative-draft-attention-backend is torch_native", "kimi_cpu"],
+        ),
+        (
+            eagle3(
+                d["eagle3"],
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-draft-attention-backend",
+                "flashinfer",
+            ),
+            ["--speculative-draft-attention-backend is flashinfer", "kimi_cpu"],
+        ),
+        # triton on CPU without Triton's interpreter: "0 active drivers" at start-up, or, for a DFLASH drafter, at
+        # the first request of a serving server
+        (
+            dflash(d["dflash"], "--speculative-draft-attention-backend", "triton"),
+            ["--speculative-draft-attention-backend triton on --device cpu", "TRITON_INTERPRET=1"],
+        ),
+        (["--attention-backend", "triton"], ["--attention-backend triton on --device cpu", "TRITON_INTERPRET=1"]),
         (dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", "--page-size", "16"), ["--page-size 1"]),
         # the tree worker refused these only after the target's weights had loaded
         (
@@ -368,6 +393,8 @@ def good_settings(drafters) -> list[list[str]]:
     return [
         dflash(drafters["dflash"]),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
+        dflash(drafters["dflash"], "--speculative-draft-attention-backend", "kimi_cpu"),
+        ["--attention-backend", "torch_native"],  # no speculative step: SGLang's CPU backend serves it
         dflash(drafters["dflash_prefixed"]),
         eagle3(drafters["eagle3_layers0"]),
         dflash(drafters["dflash_missing"], "--speculative-draft-load-format", "dummy"),  # random weights: no check
