@@ -26,8 +26,9 @@ run eagerly instead of compiling at the first requests), and the CPU import shim
 CPU, flags whose SGLang machinery needs a GPU are refused before weights load, naming the flag: LoRA, the
 hierarchical cache, deterministic inference, the memory saver, watermarking, batch overlaps, the routed-experts
 capture, block verification, prefill graphs, and --enable-torch-compile (SGLang's CPU graph runner serves only
-intel_amx, and no speculative algorithm). A flag set in SGLang's --config YAML file counts as given (the command line
-still wins over the file), and relative paths work in both.
+intel_amx, and no speculative algorithm); so is a triton attention backend (--attention-backend, or the drafter's
+--speculative-draft-attention-backend) without TRITON_INTERPRET=1. A flag set in SGLang's --config YAML file counts
+as given (the command line still wins over the file), and relative paths work in both.
 
 examples:
   sglang-kimi serve
