@@ -663,7 +663,10 @@ def register_all() -> None:
             STATUS[entry.name] = f"skipped: {skipped}" if skipped else "ok"
         except Exception as exc:  # SGLang swallows plugin errors; record ours so they stay visible
             STATUS[entry.name] = f"failed: {type(exc).__name__}: {exc}"
-            logger.error("sglang-kimi: registration %r failed:\n%s", entry.name, traceback.format_exc())
+            if getattr(exc, "names_the_fix", False):  # a setting's error: its message is the whole story
+                logger.error("sglang-kimi: registration %r failed: %s", entry.name, exc)
+            else:
+                logger.error("sglang-kimi: registration %r failed:\n%s", entry.name, traceback.format_exc())
     failed = [name for name, state in STATUS.items() if state.startswith("failed")]
     logger.info(
         "sglang-kimi %s registered %d entries%s",

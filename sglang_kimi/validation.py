@@ -439,6 +439,17 @@ def _check_cpu_backends(cfg, algorithm: str | None) -> None:
             )
 
 
+def _check_kv_scales() -> None:
+    """``SGLANG_KIMI_KV_SCALES`` naming a scale file that cannot be used (missing, not a ``calibrate-kv`` file, a
+    misspelt mode) is refused here, in the launching process. The registrations that read it run in SGLang's
+    processes, where a failure is logged and the server would go on serving an FP8 KV cache with SGLang's scale
+    1.0 (values above 448 clipped)."""
+    from sglang_kimi.models.kv_scales import MODES, mode, read_scales
+
+    if mode() not in MODES:
+        read_scales(mode())
+
+
 def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
     """SGLang's relaxed acceptance (``--speculative-accept-threshold-single/-acc`` below 1) runs only in its CUDA
     tree-sampling kernel. Refused where it would not be what was asked: DFLASH draft trees and adaptive DFLASH (the
@@ -549,6 +560,7 @@ def _resolve_speculative(original, server_args):
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
     _check_cpu_backends(cfg, algorithm)
+    _check_kv_scales()
     if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:
@@ -614,10 +626,11 @@ STARTUP_ERRORS = (SpeculativeConfigError,)
 
 
 def _startup_error_types() -> tuple[type, ...]:
+    from sglang_kimi.models.kv_scales import KVScalesError
     from sglang_kimi.speculators.configs import DrafterConfigError
     from sglang_kimi.speculators.pairing import DrafterMismatchError
 
-    return (*STARTUP_ERRORS, DrafterConfigError, DrafterMismatchError)
+    return (*STARTUP_ERRORS, DrafterConfigError, DrafterMismatchError, KVScalesError)
 
 
 def _print_startup_error(previous):

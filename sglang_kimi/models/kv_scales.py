@@ -66,6 +66,8 @@ SCALE_AWARE_MLA_BACKENDS = ("triton",)
 class KVScalesError(ValueError):
     """A KV scale file or setting that cannot be used; the message names the problem and the fix."""
 
+    names_the_fix = True  # the plugin's registrations log the message alone, without a traceback
+
 
 @dataclass(frozen=True)
 class ScaleRule:
@@ -185,7 +187,10 @@ def read_scales(path: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise KVScalesError(f"{ENV}={path}: no such file: write it with `sglang-kimi calibrate-kv --out {path}`")
+        raise KVScalesError(
+            f"{ENV}={path}: no such file: write it with `sglang-kimi calibrate-kv --out {path}`, or set {ENV} to "
+            f"one of the modes {', '.join(MODES)}"
+        )
     except json.JSONDecodeError as exc:
         raise KVScalesError(f"{ENV}={path} is not JSON ({exc}): write it with `sglang-kimi calibrate-kv`")
     if doc.get("format") != FORMAT:

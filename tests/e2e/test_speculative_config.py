@@ -436,3 +436,17 @@ def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
     assert "Load weight" not in text and "sglang::scheduler" not in text
     # the message alone, not under a traceback
     assert "sglang-kimi: error: DFLASH drafter does not fit the target model" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("value", ["missing.json", "dynamc"])
+def test_unusable_kv_scales_end_start_up_before_loading_weights(tmp_path, monkeypatch, value):
+    """SGLANG_KIMI_KV_SCALES naming no usable file: SGLang's processes logged the failed registration and served an
+    FP8 KV cache with scale 1.0; the launch now ends with the error, naming the modes and calibrate-kv."""
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", str(tmp_path / value) if value.endswith(".json") else value)
+    log = tmp_path / "server.log"
+    with pytest.raises(LaunchError):
+        start_server([], port=ANY_PORT, log_path=log, timeout=300)
+    text = log.read_text()
+    assert "sglang-kimi: error: SGLANG_KIMI_KV_SCALES=" in text and "no such file" in text, text[-2000:]
+    assert "dynamic, observe, off" in text and "calibrate-kv --out" in text
+    assert "Load weight" not in text and "Traceback" not in text
