@@ -48,6 +48,16 @@ def interpret_env(enabled: bool = True):
             os.environ[ENV] = old
 
 
+def interpreter_requested() -> bool:
+    """Whether Triton processes started from this environment would decorate their kernels for the interpreter
+    (``TRITON_INTERPRET``, read as Triton reads it); False without Triton."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return bool(knobs.runtime.interpret)
+
+
 def interpreter_active() -> bool:
     """True when Triton's standard library in this process was built for the interpreter."""
     import triton.language as tl

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sglang_kimi.cpu import KIMI_CPU_BACKEND
 from sglang_kimi.hooks import hook
+from sglang_kimi.models import kv_scales
 from sglang_kimi.options import (
     ADAPTIVE_CONFIG_FLAG,
     ADAPTIVE_FLAG,
@@ -404,28 +405,21 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
         )
 
 
-def _triton_interpreted() -> bool:
-    """Whether Triton kernels would run under Triton's interpreter (``TRITON_INTERPRET``, read as Triton reads it)."""
-    try:
-        from triton import knobs
-    except ImportError:  # no Triton, or one without knobs: nothing runs a Triton kernel on CPU
-        return False
-    return bool(knobs.runtime.interpret)
-
-
 def _check_cpu_backends(cfg, algorithm: str | None) -> None:
     """On --device cpu: a ``triton`` backend only under Triton's interpreter (without it the first kernel launch ends
     the scheduler: "0 active drivers"), and, with a speculative algorithm, every backend of its steps (the draft
     worker's ``--speculative-draft-attention-backend`` too) serving verify and draft forwards."""
     if (cfg.device or "").lower() != "cpu":
         return
+    from sglang_kimi.kernels.interpret import interpreter_requested
+
     backends = _backends(cfg)
     if algorithm is not None:
         backends.append(
             ("--speculative-draft-attention-backend", getattr(cfg, "speculative_draft_attention_backend", None))
         )
     for flag, backend in backends:
-        if backend == "triton" and not _triton_interpreted():
+        if backend == "triton" and not interpreter_requested():
             raise SpeculativeConfigError(
                 f"{flag} triton on --device cpu runs Triton kernels, which need a GPU or Triton's interpreter: set "
                 "TRITON_INTERPRET=1 (float32, slow: for testing the GPU kernels on CPU), or use "
@@ -437,17 +431,6 @@ def _check_cpu_backends(cfg, algorithm: str | None) -> None:
                 f"verify and draft forwards, but {flag} is {backend}: use {flag} "
                 f"{' or '.join(CPU_SPECULATIVE_BACKENDS)} (triton only under TRITON_INTERPRET=1)"
             )
-
-
-def _check_kv_scales() -> None:
-    """``SGLANG_KIMI_KV_SCALES`` naming a scale file that cannot be used (missing, not a ``calibrate-kv`` file, a
-    misspelt mode) is refused here, in the launching process. The registrations that read it run in SGLang's
-    processes, where a failure is logged and the server would go on serving an FP8 KV cache with SGLang's scale
-    1.0 (values above 448 clipped)."""
-    from sglang_kimi.models.kv_scales import MODES, mode, read_scales
-
-    if mode() not in MODES:
-        read_scales(mode())
 
 
 def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
@@ -560,7 +543,7 @@ def _resolve_speculative(original, server_args):
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
     _check_cpu_backends(cfg, algorithm)
-    _check_kv_scales()
+    kv_scales.check_setting()  # a registration's failure would only be logged
     if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:
@@ -626,11 +609,10 @@ STARTUP_ERRORS = (SpeculativeConfigError,)
 
 
 def _startup_error_types() -> tuple[type, ...]:
-    from sglang_kimi.models.kv_scales import KVScalesError
     from sglang_kimi.speculators.configs import DrafterConfigError
     from sglang_kimi.speculators.pairing import DrafterMismatchError
 
-    return (*STARTUP_ERRORS, DrafterConfigError, DrafterMismatchError, KVScalesError)
+    return (*STARTUP_ERRORS, DrafterConfigError, DrafterMismatchError, kv_scales.KVScalesError)
 
 
 def _print_startup_error(previous):

@@ -447,12 +447,19 @@ def _mla_set_kv_buffer(original, pool, layer, loc_info, cache_k, cache_v, *args,
     return original(pool, layer, loc_info, cache_k, cache_v, *args, **kw)
 
 
+def check_setting() -> None:
+    """Raise :class:`KVScalesError`, naming the fix, when ``SGLANG_KIMI_KV_SCALES`` is neither a mode nor a usable
+    scale file. Called in every SGLang process by the registrations and, before any weight loads, by the start-up
+    validation (a registration's failure is only logged, and the server would serve with scale 1.0)."""
+    if mode() not in MODES:
+        read_scales(mode())
+
+
 def _active() -> str | None:
     """None when the hooks should be installed; else why not (the table records it as skipped)."""
     if mode() == "off":
         return f"{ENV}=off"
-    if mode() not in MODES:
-        read_scales(mode())  # fail early, in the server process, naming the fix
+    check_setting()
     return None
 
 
