@@ -544,6 +544,10 @@ def _resolve_speculative(original, server_args):
         _check_algorithm_name(cfg.speculative_algorithm)
     _check_cpu_backends(cfg, algorithm)
     kv_scales.check_setting()  # a registration's failure would only be logged
+    draft_kv_dtype = (
+        getattr(cfg, "speculative_draft_kv_cache_dtype", None) if algorithm not in (None, "NGRAM") else None
+    )
+    kv_scales.check_kv_dtype(cfg.kv_cache_dtype, draft_kv_dtype)  # SGLang's scales follow an FP8 cache only
     if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:

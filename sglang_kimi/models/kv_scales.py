@@ -25,7 +25,9 @@ The scale rule (:class:`ScaleRule`), per layer and tensor::
 Modes (``SGLANG_KIMI_KV_SCALES``, read in every SGLang process):
 
 - a path: the JSON written by ``sglang-kimi calibrate-kv``; scales are applied at model load, before any CUDA graph
-  is captured, to the target's and the drafter's attention layers, and never change. The production setting.
+  is captured, to the target's and the drafter's attention layers, and never change. The production setting. Each
+  model follows its own pool's dtype (the drafter's is ``--speculative-draft-kv-cache-dtype`` when given); a launch
+  with no FP8 cache at all is refused, as is an explicit ``dynamic`` there (:func:`check_kv_dtype`).
 - ``dynamic`` (the default with ``--kv-cache-dtype fp8_e4m3``): the rule above on the live traffic. CUDA graphs bake
   the kernels' scale at capture, so dynamic scales need CUDA graphs off in every phase (``--cuda-graph-backend-decode
   disabled --cuda-graph-backend-prefill disabled``, or the older ``--disable-cuda-graph``); with a graph in any
@@ -326,7 +328,11 @@ def _cuda_graphs_enabled() -> bool:
 def _after_load_kv_cache_scales(original, *args, model, kv_cache_dtype: str, **kwargs):
     """Around SGLang's ``load_kv_cache_scales`` (every model runner: target and drafter)."""
     result = original(*args, model=model, kv_cache_dtype=kv_cache_dtype, **kwargs)
-    setup_model(model, kv_cache_dtype)
+    # SGLang passes the target's dtype to the drafter's runner too; its pool follows the drafter's own setting
+    from sglang.srt.runtime_context import get_server_args
+
+    draft_dtype = getattr(get_server_args(), "speculative_draft_kv_cache_dtype", None)
+    setup_model(model, served_kv_dtypes(kv_cache_dtype, draft_dtype)[model_role(model)])
     return result
 
 
@@ -453,6 +459,38 @@ def check_setting() -> None:
     validation (a registration's failure is only logged, and the server would serve with scale 1.0)."""
     if mode() not in MODES:
         read_scales(mode())
+
+
+def served_kv_dtypes(kv_cache_dtype: str, draft_kv_cache_dtype: str | None) -> dict[str, str]:
+    """role -> the ``--kv-cache-dtype`` its pool is built with: the drafter's is
+    ``--speculative-draft-kv-cache-dtype`` when given (its ``auto`` is the drafter's model dtype), else the target's."""
+    return {
+        TARGET: str(kv_cache_dtype),
+        DRAFT: str(kv_cache_dtype if draft_kv_cache_dtype is None else draft_kv_cache_dtype),
+    }
+
+
+def check_kv_dtype(kv_cache_dtype: str, draft_kv_cache_dtype: str | None = None) -> None:
+    """Raise :class:`KVScalesError` when ``SGLANG_KIMI_KV_SCALES`` asks for scales (a file, or ``dynamic`` set
+    explicitly) and no KV cache of the launch is FP8: the scales would be left unused (the setting is only read by
+    an FP8 cache; ``observe`` works with any dtype). ``draft_kv_cache_dtype``: the drafter's own setting, None
+    where there is no drafter or it shares the target's dtype."""
+    setting = os.environ.get(ENV, "").strip()
+    if not setting or setting in ("observe", "off"):
+        return
+    roles = served_kv_dtypes(kv_cache_dtype, draft_kv_cache_dtype)
+    if not draft_kv_cache_dtype:
+        del roles[DRAFT]
+    if any(dtype.startswith("fp8") for dtype in roles.values()):
+        return
+    given = f"--kv-cache-dtype {kv_cache_dtype}"
+    if draft_kv_cache_dtype:
+        given += f" and --speculative-draft-kv-cache-dtype {draft_kv_cache_dtype}"
+    raise KVScalesError(
+        f"{ENV}={setting} sets FP8 KV cache scales, but {given} builds no FP8 KV cache, so nothing would use "
+        f"them (the plugin scales a cache only under an explicit fp8 dtype): serve with --kv-cache-dtype fp8_e4m3 "
+        f"(on a GPU), or unset {ENV} (`observe` records KV maxima for calibrate-kv with any dtype)"
+    )
 
 
 def _active() -> str | None:

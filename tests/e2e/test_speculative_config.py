@@ -438,15 +438,26 @@ def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
     assert "sglang-kimi: error: DFLASH drafter does not fit the target model" in text and "Traceback" not in text
 
 
-@pytest.mark.parametrize("value", ["missing.json", "dynamc"])
+@pytest.mark.parametrize("value", ["missing.json", "dynamc", "calibrated.json"])
 def test_unusable_kv_scales_end_start_up_before_loading_weights(tmp_path, monkeypatch, value):
     """SGLANG_KIMI_KV_SCALES naming no usable file: SGLang's processes logged the failed registration and served an
-    FP8 KV cache with scale 1.0; the launch now ends with the error, naming the modes and calibrate-kv."""
-    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", str(tmp_path / value) if value.endswith(".json") else value)
+    FP8 KV cache with scale 1.0; the launch now ends with the error, naming the modes and calibrate-kv. A usable
+    file with no FP8 KV cache to scale (the CPU server's default dtype) was silently left unused: refused too."""
+    from sglang_kimi.models import kv_scales
+
+    setting = str(tmp_path / value) if value.endswith(".json") else value
+    if value == "calibrated.json":
+        layers = {kv_scales.TARGET: {0: kv_scales.LayerScale(mla=True, k_scale=2.0, v_scale=2.0, frozen=True)}}
+        doc = kv_scales.scales_document(layers, kv_scales.RULE, {kv_scales.TARGET: "KimiK25ForConditionalGeneration"})
+        (tmp_path / value).write_text(json.dumps(doc))
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", setting)
     log = tmp_path / "server.log"
     with pytest.raises(LaunchError):
         start_server([], port=ANY_PORT, log_path=log, timeout=300)
     text = log.read_text()
-    assert "sglang-kimi: error: SGLANG_KIMI_KV_SCALES=" in text and "no such file" in text, text[-2000:]
-    assert "dynamic, observe, off" in text and "calibrate-kv --out" in text
+    assert f"sglang-kimi: error: SGLANG_KIMI_KV_SCALES={setting}" in text, text[-2000:]
+    if value == "calibrated.json":
+        assert "builds no FP8 KV cache" in text and "--kv-cache-dtype fp8_e4m3" in text
+    else:
+        assert "no such file" in text and "dynamic, observe, off" in text and "calibrate-kv --out" in text
     assert "Load weight" not in text and "Traceback" not in text

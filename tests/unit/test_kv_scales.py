@@ -133,6 +133,56 @@ def test_scale_file_errors_name_the_fix(tmp_path):
         K.read_scales(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize(
+    "setting, kv, draft_kv, refused",
+    [
+        ("kv_scales.json", "auto", None, True),  # the file was left unused
+        ("kv_scales.json", "bf16", "bf16", True),
+        ("dynamic", "bfloat16", None, True),  # asked for explicitly
+        ("kv_scales.json", "fp8_e4m3", None, False),
+        ("kv_scales.json", "fp8_e4m3", "bf16", False),  # the target's cache uses it
+        ("kv_scales.json", "bf16", "fp8_e4m3", False),  # the drafter's cache uses it
+        ("dynamic", "fp8_e5m2", None, False),
+        ("", "auto", None, False),  # unset: dynamic is only the FP8 default
+        ("observe", "auto", None, False),  # observing works with any dtype
+        ("off", "bf16", None, False),
+    ],
+)
+def test_scales_without_an_fp8_cache_are_refused(monkeypatch, setting, kv, draft_kv, refused):
+    """A scale file (or `dynamic`) with no FP8 KV cache was silently unused: the launch is refused, naming the fixes."""
+    monkeypatch.setenv(K.ENV, setting)
+    if not refused:
+        K.check_kv_dtype(kv, draft_kv)
+        return
+    with pytest.raises(K.KVScalesError) as error:
+        K.check_kv_dtype(kv, draft_kv)
+    message = str(error.value)
+    assert f"{K.ENV}={setting}" in message and f"--kv-cache-dtype {kv}" in message
+    assert "--kv-cache-dtype fp8_e4m3" in message and f"unset {K.ENV}" in message
+    assert ("--speculative-draft-kv-cache-dtype" in message) == (draft_kv is not None)
+
+
+@pytest.mark.parametrize("draft_kv, expected", [(None, "fp8_e4m3"), ("bf16", "bf16"), ("auto", "auto")])
+def test_each_model_is_set_up_for_its_own_pool_dtype(monkeypatch, draft_kv, expected):
+    """SGLang hands the target's --kv-cache-dtype to the drafter's runner too; the drafter's pool follows
+    --speculative-draft-kv-cache-dtype when given, and its scales must follow the pool."""
+    import sglang.srt.runtime_context as context
+
+    monkeypatch.setattr(
+        context, "get_server_args", lambda: type("Args", (), {"speculative_draft_kv_cache_dtype": draft_kv})()
+    )
+    seen = {}
+    monkeypatch.setattr(K, "setup_model", lambda model, dtype: seen.setdefault(K.model_role(model), dtype))
+
+    def load(*, model, kv_cache_dtype):
+        return None
+
+    for arch in ("KimiK25ForConditionalGeneration", "DFlashDraftModel"):
+        model = type("Model", (), {"config": type("Config", (), {"architectures": [arch]})()})()
+        K._after_load_kv_cache_scales(load, model=model, kv_cache_dtype="fp8_e4m3")
+    assert seen == {K.TARGET: "fp8_e4m3", K.DRAFT: expected}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The tiny Kimi model with an FP8 latent cache: scale 1.0 breaks it, dynamic scales keep it close to BF16 KV
 
