@@ -433,6 +433,55 @@ def _check_cpu_backends(cfg, algorithm: str | None) -> None:
             )
 
 
+REJECTION_SAMPLING_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")  # the draft workers that give SGLang's sampler q
+
+
+def _check_rejection_sampling(cfg, algorithm: str | None) -> None:
+    """``--speculative-use-rejection-sampling`` is read only by SGLang's EAGLE draft workers (it verifies a chain
+    against the drafter's probabilities). DFLASH, NGRAM and a launch without speculation served with the flag set
+    and never read it; SGLang itself refuses it for its other algorithms."""
+    if not getattr(cfg, "speculative_use_rejection_sampling", False) or algorithm in (
+        None,
+        *REJECTION_SAMPLING_ALGORITHMS,
+    ):
+        return  # without an algorithm: refused with the other speculative flags (_check_unused_speculative_flags)
+    why = (
+        "the plugin verifies DFLASH's sampled requests losslessly without it (the target-only rule, every device)"
+        if algorithm == "DFLASH"
+        else f"{algorithm} does not read it"
+    )
+    raise SpeculativeConfigError(
+        f"--speculative-use-rejection-sampling with --speculative-algorithm {algorithm}: SGLang applies it to "
+        f"EAGLE / EAGLE3 / NEXTN chains only and {why}: drop the flag"
+    )
+
+
+def _check_unused_speculative_flags(server_args) -> None:
+    """Without ``--speculative-algorithm`` SGLang serves autoregressively and reads none of its other
+    ``--speculative-*`` flags: a drafter path, steps or thresholds given without it were dropped without a word (a
+    forgotten algorithm served with no speculation). Compared with the defaults of SGLang's own parser, on the raw
+    values given (the plugin's own flags are checked by their own rules)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    given = []
+    for action in parser._actions:
+        name = action.dest
+        if not name.startswith("speculative_") or name == "speculative_algorithm" or not hasattr(server_args, name):
+            continue
+        if getattr(server_args, name) != action.default:
+            given.append(action.option_strings[0] if action.option_strings else name)
+    if given:
+        raise SpeculativeConfigError(
+            f"{', '.join(given)} given without --speculative-algorithm: SGLang then serves without speculative "
+            f"decoding and never reads {'it' if len(given) == 1 else 'them'}: add --speculative-algorithm (DFLASH or "
+            f"EAGLE3 for Kimi's drafters), or drop {'it' if len(given) == 1 else 'them'}"
+        )
+
+
 def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
     """SGLang's relaxed acceptance (``--speculative-accept-threshold-single/-acc`` below 1) runs only in its CUDA
     tree-sampling kernel. Refused where it would not be what was asked: DFLASH draft trees and adaptive DFLASH (the
@@ -543,6 +592,9 @@ def _resolve_speculative(original, server_args):
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
     _check_cpu_backends(cfg, algorithm)
+    if algorithm is None:
+        _check_unused_speculative_flags(server_args)
+    _check_rejection_sampling(cfg, algorithm)
     kv_scales.check_setting()  # a registration's failure would only be logged
     draft_kv_dtype = (
         getattr(cfg, "speculative_draft_kv_cache_dtype", None) if algorithm not in (None, "NGRAM") else None

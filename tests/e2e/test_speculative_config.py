@@ -221,6 +221,30 @@ def cases(d):
             ["--speculative-algorithm", "EAGLE3", "--attention-backend", "kimi_cpu"],
             ["EAGLE3 needs --speculative-draft-model-path"],
         ),
+        # flags SGLang served without reading: rejection sampling outside EAGLE chains, speculative flags (a
+        # drafter) without an algorithm (served autoregressively)
+        (
+            dflash(d["dflash"], "--speculative-use-rejection-sampling"),
+            ["--speculative-use-rejection-sampling with --speculative-algorithm DFLASH", "losslessly", "drop the flag"],
+        ),
+        (
+            [
+                "--speculative-algorithm",
+                "NGRAM",
+                "--speculative-use-rejection-sampling",
+                "--attention-backend",
+                "kimi_cpu",
+            ],
+            ["--speculative-algorithm NGRAM", "NGRAM does not read it"],
+        ),
+        (
+            ["--speculative-draft-model-path", str(d["dflash"])],
+            ["--speculative-draft-model-path given without --speculative-algorithm", "add --speculative-algorithm"],
+        ),
+        (
+            ["--speculative-num-steps", "3", "--speculative-use-rejection-sampling"],
+            ["--speculative-num-steps, --speculative-use-rejection-sampling given without", "drop them"],
+        ),
         (
             dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
             ["torch_native", "triton", "kimi_cpu"],
@@ -397,6 +421,7 @@ def good_settings(drafters) -> list[list[str]]:
                "--speculative-num-draft-tokens", "6"),
         eagle3(drafters["eagle3"]),  # SGLang picks the draft shape
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
+        eagle3(drafters["eagle3"], *EAGLE3_CHAIN, "--speculative-use-rejection-sampling"),  # SGLang's chain sampler
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
