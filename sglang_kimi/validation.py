@@ -157,7 +157,11 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             for f, v in ((ADAPTIVE_CONFIG_FLAG, args.adaptive_config), (ADAPTIVE_PROFILE_FLAG, args.adaptive_profile))
             if v
         ]
-        raise SpeculativeConfigError(f"{' and '.join(given)} only apply with {ADAPTIVE_FLAG}: add it, or drop them")
+        one = len(given) == 1
+        raise SpeculativeConfigError(
+            f"{' and '.join(given)} only appl{'ies' if one else 'y'} with {ADAPTIVE_FLAG}: add it, or drop "
+            f"{'it' if one else 'them'}"
+        )
     if algorithm == "EAGLE3":
         _check_adaptive_eagle(cfg)
         return load_adaptive_config(args.adaptive_config)
@@ -456,30 +460,61 @@ def _check_rejection_sampling(cfg, algorithm: str | None) -> None:
     )
 
 
-def _check_unused_speculative_flags(server_args) -> None:
-    """Without ``--speculative-algorithm`` SGLang serves autoregressively and reads none of its other
-    ``--speculative-*`` flags: a drafter path, steps or thresholds given without it were dropped without a word (a
-    forgotten algorithm served with no speculation). Compared with the defaults of SGLang's own parser, on the raw
-    values given (the plugin's own flags are checked by their own rules)."""
+# SGLang's --speculative-* flags that one algorithm family alone reads (by field-name prefix), and flags that named
+# algorithms never read; a flag outside these is left to SGLang
+FLAG_FAMILIES = (("speculative_ngram_", "NGRAM"), ("speculative_dflash_", "DFLASH"), ("speculative_dspark_", "DSPARK"))
+UNREAD_BY = {"speculative_token_map": ("DFLASH", "NGRAM")}  # EAGLE's reduced draft vocabulary
+
+
+def _given_speculative_flags(server_args) -> dict[str, str]:
+    """field -> flag of every ``--speculative-*`` flag given a value other than SGLang's parser default (the raw
+    values given: SGLang's resolution writes its decisions apart), ``--speculative-algorithm`` and the plugin's own
+    flags (kept apart from SGLang's record, checked by their own rules) left out."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(add_help=False)
     ServerArgs.add_cli_args(parser)
-    given = []
+    given = {}
     for action in parser._actions:
         name = action.dest
         if not name.startswith("speculative_") or name == "speculative_algorithm" or not hasattr(server_args, name):
             continue
         if getattr(server_args, name) != action.default:
-            given.append(action.option_strings[0] if action.option_strings else name)
-    if given:
+            given[name] = action.option_strings[0] if action.option_strings else name
+    return given
+
+
+def _check_unused_speculative_flags(server_args, algorithm: str | None) -> None:
+    """SGLang served without a word flags it never read: every ``--speculative-*`` flag without
+    ``--speculative-algorithm`` (a drafter path or steps given alone served autoregressively), and with one, the
+    flags of another algorithm family (``--speculative-ngram-*`` outside NGRAM, SGLang's ``--speculative-dflash-*``
+    outside DFLASH, ...) and EAGLE's ``--speculative-token-map`` with DFLASH or NGRAM."""
+    given = _given_speculative_flags(server_args)
+    if algorithm is None:
+        unread = list(given.values())
+    else:
+        unread = []
+        for name, flag in given.items():
+            owners = [reader for prefix, reader in FLAG_FAMILIES if name.startswith(prefix)]
+            if owners and algorithm not in owners:
+                unread.append(f"{flag} ({owners[0]}'s)")
+            elif algorithm in UNREAD_BY.get(name, ()):
+                unread.append(f"{flag} (EAGLE's)")
+    if not unread:
+        return
+    them = "it" if len(unread) == 1 else "them"
+    if algorithm is None:
         raise SpeculativeConfigError(
-            f"{', '.join(given)} given without --speculative-algorithm: SGLang then serves without speculative "
-            f"decoding and never reads {'it' if len(given) == 1 else 'them'}: add --speculative-algorithm (DFLASH or "
-            f"EAGLE3 for Kimi's drafters), or drop {'it' if len(given) == 1 else 'them'}"
+            f"{', '.join(unread)} given without --speculative-algorithm: SGLang then serves without speculative "
+            f"decoding and never reads {them}: add --speculative-algorithm (DFLASH or EAGLE3 for Kimi's drafters), "
+            f"or drop {them}"
         )
+    raise SpeculativeConfigError(
+        f"{', '.join(unread)} given with --speculative-algorithm {algorithm}, which never reads {them} (SGLang "
+        f"served without {them}): drop {them}"
+    )
 
 
 def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
@@ -592,8 +627,7 @@ def _resolve_speculative(original, server_args):
     if algorithm is not None:
         _check_algorithm_name(cfg.speculative_algorithm)
     _check_cpu_backends(cfg, algorithm)
-    if algorithm is None:
-        _check_unused_speculative_flags(server_args)
+    _check_unused_speculative_flags(server_args, algorithm)
     _check_rejection_sampling(cfg, algorithm)
     kv_scales.check_setting()  # a registration's failure would only be logged
     draft_kv_dtype = (

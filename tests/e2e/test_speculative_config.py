@@ -246,6 +246,14 @@ def cases(d):
             ["--speculative-num-steps, --speculative-use-rejection-sampling given without", "drop them"],
         ),
         (
+            dflash(d["dflash"], "--speculative-token-map", "hot.pt"),
+            ["--speculative-token-map (EAGLE's) given with --speculative-algorithm DFLASH", "drop it"],
+        ),
+        (
+            eagle3(d["eagle3"], *EAGLE3_CHAIN, "--speculative-ngram-max-bfs-breadth", "4"),
+            ["--speculative-ngram-max-bfs-breadth (NGRAM's) given with --speculative-algorithm EAGLE3"],
+        ),
+        (
             dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", backend="torch_native"),
             ["torch_native", "triton", "kimi_cpu"],
         ),
@@ -366,7 +374,7 @@ def cases(d):
         (eagle3(d["eagle3"], "--speculative-num-steps", "5", *adaptive(d["adaptive_wide"])), ["[9]", "(5)"]),
         (eagle3(d["eagle3"], *adaptive(d["adaptive_zero"])), ["never speculate"]),
         (dflash(d["dflash"], *adaptive(), "--speculative-adaptive"), ["drop --speculative-adaptive"]),
-        (dflash(d["dflash"], "--speculative-kimi-adaptive-config", str(d["adaptive"])), ["only apply with"]),
+        (dflash(d["dflash"], "--speculative-kimi-adaptive-config", str(d["adaptive"])), ["only applies with"]),
         (dflash(d["dflash"], *adaptive("/nonexistent/policy.json")), ["/nonexistent/policy.json", "cannot read"]),
         (dflash(d["dflash"], *adaptive(d["adaptive_bad_json"])), ["adaptive_bad.json", "not valid JSON"]),
         (dflash(d["dflash"], *adaptive(d["adaptive_unknown"])), ["unknown setting(s) width", "widths"]),
@@ -422,6 +430,8 @@ def good_settings(drafters) -> list[list[str]]:
         eagle3(drafters["eagle3"]),  # SGLang picks the draft shape
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
         eagle3(drafters["eagle3"], *EAGLE3_CHAIN, "--speculative-use-rejection-sampling"),  # SGLang's chain sampler
+        ["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "4", "--attention-backend",
+         "kimi_cpu"],
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
