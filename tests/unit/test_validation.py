@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi import validation
+from sglang_kimi import drafter_checks, validation
 from sglang_kimi.options import SpeculativeConfigError
 from sglang_kimi.workers import sampled_batches
 
@@ -158,16 +158,16 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
     (broken / "config.json").write_text((TINY_DFLASH / "config.json").read_text())
     save_file({k: v for k, v in load_file(TINY_DFLASH / "model.safetensors").items() if k != "norm.weight"},
               broken / "model.safetensors")  # fmt: skip
-    validation._check_drafter_tensors(_drafter_settings(TINY_DFLASH), drafter)
+    drafter_checks.check_drafter_tensors(_drafter_settings(TINY_DFLASH), drafter)
     with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path .*broken: .*: norm\.weight\."):
-        validation._check_drafter_tensors(_drafter_settings(broken), drafter)
-    validation._check_drafter_tensors(_drafter_settings(broken, load_format="dummy"), drafter)  # random weights
+        drafter_checks.check_drafter_tensors(_drafter_settings(broken), drafter)
+    drafter_checks.check_drafter_tensors(_drafter_settings(broken, load_format="dummy"), drafter)  # random weights
 
     cache = tmp_path / "hub"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     cache_snapshot(cache, "org/broken", [broken / "config.json", broken / "model.safetensors"])
     with pytest.raises(SpeculativeConfigError, match=r"--speculative-draft-model-path org/broken: .*norm\.weight"):
-        validation._check_drafter_tensors(_drafter_settings("org/broken"), drafter)
+        drafter_checks.check_drafter_tensors(_drafter_settings("org/broken"), drafter)
     cache_snapshot(cache, "org/config-only", [broken / "config.json"])
     # not (wholly) cached: the hub's safetensors headers are asked for, before SGLang downloads anything
     import huggingface_hub
@@ -185,12 +185,12 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
 
     monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", get_safetensors_metadata)
     with pytest.raises(SpeculativeConfigError, match=r"org/not-cached: its safetensors lack 1 .*: norm\.weight\."):
-        validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
+        drafter_checks.check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
     hub["org/not-cached"].append("norm.weight")
-    validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
+    drafter_checks.check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)
     with caplog.at_level("INFO", logger="sglang_kimi"):
-        validation._check_drafter_tensors(_drafter_settings("org/config-only"), drafter)  # the hub cannot say
+        drafter_checks.check_drafter_tensors(_drafter_settings("org/config-only"), drafter)  # the hub cannot say
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        validation._check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)  # offline: not asked
+        drafter_checks.check_drafter_tensors(_drafter_settings("org/not-cached"), drafter)  # offline: not asked
     assert caplog.text.count("is not downloaded yet: its tensor names are not checked") == 2
     assert asked == [("org/not-cached", "main")] * 2 + [("org/config-only", "main")]

@@ -146,7 +146,7 @@ def test_incompatible_vocab_is_an_error():
 # SGLang's own loader from folders named like the published checkpoints.
 STARTUP = r"""
 import logging, sys, types
-from sglang_kimi import validation
+from sglang_kimi import drafter_checks
 from sglang_kimi.speculators.pairing import DrafterMismatchError
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 target, drafter, bad = sys.argv[1:4]
@@ -160,10 +160,10 @@ class Count(logging.Handler):
     def emit(self, record):
         Count.seen += "the drafter was trained" in record.getMessage()
 logging.getLogger("sglang_kimi").addHandler(Count())
-validation._check_pair(cfg(drafter), "DFLASH")
+drafter_checks.check_pair(cfg(drafter), "DFLASH")
 print("WARNINGS", Count.seen)
 try:
-    validation._check_pair(cfg(bad), "DFLASH")
+    drafter_checks.check_pair(cfg(bad), "DFLASH")
 except DrafterMismatchError as exc:
     print("REFUSED", str(exc).replace(chr(10), " "))
 """
