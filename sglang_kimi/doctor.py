@@ -178,6 +178,7 @@ def entry_point_problems(group: str = PLUGIN_GROUP) -> list[str]:
 
 
 def collect(model_path: str | None = None, strict: bool = False) -> dict:
+    from sglang_kimi.environment import EnvironmentSettingError, check_environment
     from sglang_kimi.plugin import REGISTRATIONS, version_in_range
 
     problems: list[str] = []
@@ -188,6 +189,10 @@ def collect(model_path: str | None = None, strict: bool = False) -> dict:
     plugins = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
     report["entry_point"] = plugins.get(PLUGIN_NAME)
     problems += entry_point_problems()
+    try:  # what a launch from this environment would refuse
+        check_environment()
+    except EnvironmentSettingError as exc:
+        problems.append(str(exc))
 
     sglang = versions["sglang"]
     if sglang is None:

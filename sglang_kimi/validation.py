@@ -16,6 +16,7 @@ import logging
 
 from sglang_kimi import drafter_checks
 from sglang_kimi.cpu import KIMI_CPU_BACKEND
+from sglang_kimi.environment import check_environment
 from sglang_kimi.hooks import hook
 from sglang_kimi.models import kv_scales
 from sglang_kimi.options import (
@@ -468,6 +469,7 @@ def _resolve_speculative(original, server_args):
     _check_unused_speculative_flags(server_args, algorithm)
     _check_rejection_sampling(cfg, algorithm)
     kv_scales.check_setting()  # a registration's failure would only be logged
+    check_environment()
     draft_kv_dtype = (
         getattr(cfg, "speculative_draft_kv_cache_dtype", None) if algorithm not in (None, "NGRAM") else None
     )

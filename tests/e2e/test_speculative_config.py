@@ -496,3 +496,15 @@ def test_unusable_kv_scales_end_start_up_before_loading_weights(tmp_path, monkey
     else:
         assert "no such file" in text and "dynamic, observe, off" in text and "calibrate-kv --out" in text
     assert "Load weight" not in text and "Traceback" not in text
+
+
+def test_a_misspelt_plugin_variable_ends_start_up_before_loading_weights(tmp_path, monkeypatch):
+    """SGLANG_KIMI_KV_SCALE (for SGLANG_KIMI_KV_SCALES) was read as unset: the FP8 cache served with other scales."""
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALE", "kv_scales.json")
+    log = tmp_path / "server.log"
+    with pytest.raises(LaunchError):
+        start_server([], port=ANY_PORT, log_path=log, timeout=300)
+    text = log.read_text()
+    assert "sglang-kimi: error: SGLANG_KIMI_KV_SCALE is not a variable" in text, text[-2000:]
+    assert "did you mean SGLANG_KIMI_KV_SCALES" in text
+    assert "Load weight" not in text and "Traceback" not in text

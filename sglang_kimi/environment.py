@@ -1,0 +1,74 @@
+"""The plugin's environment variables, checked once at start-up, before any weight loads.
+
+Each variable is read where it acts (``models/kv_scales.py``, ``options.py``, ``kernels/aiter_overrides.py``,
+``kernels/moe_configs.py``), and each of those reads an unexpected spelling as "unset": a misspelt name
+(``SGLANG_KIMI_KV_SCALE``), a value outside the ones it knows (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=true``) or a table
+folder that does not exist served without a word. :func:`check_environment` refuses those, naming the fix.
+``SGLANG_KIMI_KV_SCALES`` has its own check (``kv_scales.check_setting`` and ``check_kv_dtype``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from sglang_kimi.kernels.aiter_overrides import DISABLE_ENV as AITER_OVERRIDES_ENV
+from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
+from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
+from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, SpeculativeConfigError
+
+PREFIX = "SGLANG_KIMI_"
+ON_OFF = {"on": ("1", "true", "yes", "on"), "off": ("0", "false", "no", "off")}  # as aiter_overrides reads them
+
+# name -> what it takes (for the errors)
+VARIABLES = {
+    KV_SCALES_ENV: "a calibrate-kv scale file, or dynamic / observe / off",
+    DEBUG_GREEDY_VERIFY_ENV: "1 (debugging only: sampled requests verified greedily) or 0",
+    AITER_OVERRIDES_ENV: "0 to turn the ROCm AITER overrides off, 1 to keep them",
+    MOE_CONFIG_DIR_ENV: "the folder of `sglang-kimi tune moe` tables",
+}
+
+
+class EnvironmentSettingError(SpeculativeConfigError):
+    """A plugin environment variable that would be read as unset; the message names the fix."""
+
+
+def _sglang_variables() -> set[str]:
+    """SGLang's own variables under the plugin's prefix (its Kimi-K3 switches), declared in ``sglang.srt.environ``."""
+    try:
+        from sglang.srt.environ import envs
+    except ImportError:
+        return set()
+    return {name for name in dir(type(envs)) if name.startswith(PREFIX)}
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`EnvironmentSettingError` for a plugin variable the plugin would read as unset."""
+    env = os.environ if environ is None else environ
+    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in VARIABLES):
+        close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.85)
+        if close and name not in _sglang_variables():
+            raise EnvironmentSettingError(
+                f"{name} is not a variable sglang-kimi reads: did you mean {close[0]} ({VARIABLES[close[0]]})? "
+                f"Rename it, or unset it"
+            )
+    greedy = env.get(DEBUG_GREEDY_VERIFY_ENV, "")
+    if greedy not in ("", "0", "1"):
+        raise EnvironmentSettingError(
+            f"{DEBUG_GREEDY_VERIFY_ENV}={greedy}: only 1 turns it on (sampled requests verified greedily, not "
+            f"lossless): set 1 or 0, or unset it"
+        )
+    aiter = env.get(AITER_OVERRIDES_ENV, "").strip().lower()
+    if aiter and aiter not in ON_OFF["on"] + ON_OFF["off"]:
+        raise EnvironmentSettingError(
+            f"{AITER_OVERRIDES_ENV}={env[AITER_OVERRIDES_ENV]}: set 0 (or false / no / off) to turn the AITER "
+            f"overrides off, 1 to keep them"
+        )
+    tables = env.get(MOE_CONFIG_DIR_ENV, "").strip()
+    if tables and not Path(tables).expanduser().is_dir():
+        raise EnvironmentSettingError(
+            f"{MOE_CONFIG_DIR_ENV}={tables} is not a folder, so no tuned MoE table would be read from it: point it "
+            f"at the folder `sglang-kimi tune moe` wrote, or unset it"
+        )
