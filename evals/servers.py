@@ -1,11 +1,11 @@
 """The servers an eval or benchmark talks to: probing, model identity, launching.
 
 :func:`probe` turns a URL into a :class:`Server` (or an :class:`EvalError` naming the problem: unreachable,
-not SGLang). :func:`check_same_model` refuses to compare servers that serve different models: a different
-architecture, tokenizer, context length or (when both checkpoints are readable here) a different shape in
-``config.json``. Weights are deliberately not fingerprinted: a quantized or otherwise re-weighted candidate
-of the same model is exactly what the gate exists to judge. :func:`launch_pair` starts servers with the
-plugin's launcher (:mod:`sglang_kimi.server`).
+not SGLang). :func:`check_same_model` refuses to compare a server with itself (one URL, or two URLs of one
+server), or servers that serve different models: a different architecture, tokenizer, context length or (when both
+checkpoints are readable here) a different shape in ``config.json``. Weights are deliberately not fingerprinted: a
+quantized or otherwise re-weighted candidate of the same model is exactly what the gate exists to judge.
+:func:`launch_pair` starts servers with the plugin's launcher (:mod:`sglang_kimi.server`).
 """
 
 from __future__ import annotations
@@ -204,13 +204,28 @@ def model_differences(a: Server, b: Server) -> list[str]:
     return diffs
 
 
+def instance(server: Server) -> tuple | None:
+    """What tells one running server from another: its port, its random seed (drawn at launch unless given) and its
+    scheduler's pid (the plugin's state); None without the plugin's state."""
+    states = server.server_info.get("internal_states") or [{}]
+    pid = ((states[0] or {}).get("sglang_kimi") or {}).get("pid")
+    return None if pid is None else (server.server_info.get("port"), server.server_info.get("random_seed"), pid)
+
+
 def check_same_model(baseline: Server, candidate: Server) -> None:
+    """Refuse to compare servers of different models, or a server with itself (the same URL, or two URLs of one
+    server)."""
     diffs = model_differences(baseline, candidate)
     if diffs:
         raise EvalError(
             f"baseline ({baseline.model_path}) and candidate ({candidate.model_path}) serve different models: "
             + "; ".join(diffs)
             + ": compare a candidate with a baseline of the same model"
+        )
+    if baseline.url == candidate.url or (instance(baseline) is not None and instance(baseline) == instance(candidate)):
+        raise EvalError(
+            f"the baseline ({baseline.url}) and the candidate ({candidate.url}) are the same server, so they cannot "
+            "differ: start the baseline without speculative decoding on another port and give its URL"
         )
 
 

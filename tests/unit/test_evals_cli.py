@@ -139,6 +139,27 @@ def test_different_checkpoints_readable_here_are_told_apart_by_their_config(tmp_
         check_same_model(probe(a), probe(c))  # the same checkpoint: no error
 
 
+def _running(pid: int, port: int = 30000, seed: int = 7) -> dict:
+    payloads = sglang_payloads()
+    payloads[("GET", "/server_info")].update(
+        port=port, random_seed=seed, internal_states=[{"sglang_kimi": {"pid": pid}}]
+    )
+    return payloads
+
+
+def test_a_server_is_not_compared_with_itself(capsys, data_dir):
+    """The same URL twice, or two URLs of one server (its port, launch seed and scheduler pid): the gate would pass
+    whatever the server does."""
+    with serve(_running(pid=11)) as a, serve(_running(pid=11)) as a_again, serve(_running(pid=12)) as b:
+        code, err = _run(
+            capsys, "eval", "gsm8k", "--baseline", a, "--candidate", a + "/", "--data-dir", data_dir, "--limit", "2"
+        )
+        assert code == 2 and "are the same server" in _one_error_line(err)
+        with pytest.raises(EvalError, match="are the same server"):
+            check_same_model(probe(a), probe(a_again))
+        check_same_model(probe(a), probe(b))  # another scheduler
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
