@@ -47,6 +47,22 @@ def run_pytest_in_fresh_process(test_file: str, interpret: bool, timeout: float 
     return pytest_in_fresh_process(test_file, {}, unset=("TRITON_INTERPRET",), timeout=timeout)
 
 
+def rerun_in_fresh_process(module_globals: dict, interpret: bool) -> None:
+    """For a Triton test module whose process imported Triton in the other mode (``interpret``: the mode the module
+    needs): its tests are replaced by one that runs the whole file in a fresh process in that mode, so they still
+    run (and fail loudly) instead of being skipped. Call it at the end of the module."""
+    for name in [n for n in list(module_globals) if n.startswith("test_")]:
+        del module_globals[name]
+    test_file, mode = module_globals["__file__"], "interpreter" if interpret else "gpu"
+
+    def test_module_in_fresh_process():
+        rc, output = run_pytest_in_fresh_process(test_file, interpret=interpret)
+        assert rc == 0, output
+
+    test_module_in_fresh_process.__name__ = f"test_module_in_fresh_{mode}_process"
+    module_globals[test_module_in_fresh_process.__name__] = test_module_in_fresh_process
+
+
 def run_file_in_interpreted_child(test_file: str, child_env: str) -> None:
     """The file's tests (``child_env=1`` selects them there) in a child process on SGLang's GPU code path, with the
     CPU shims and its Triton kernels under ``TRITON_INTERPRET=1``. Fails unless every child test passed and none was

@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from support.child_process import run_pytest_in_fresh_process
+from support.child_process import rerun_in_fresh_process
 
 from sglang_kimi.kernels.interpret import interpreter_active, interpreter_imports
 
@@ -179,9 +179,4 @@ def test_env_restored_after_import():
 
 
 if not IN_PROCESS:  # Triton was imported here before without the interpreter: run this module in a fresh process
-    for _name in [n for n in list(globals()) if n.startswith("test_")]:
-        del globals()[_name]
-
-    def test_module_in_fresh_interpreter_process():
-        rc, output = run_pytest_in_fresh_process(__file__, interpret=True)
-        assert rc == 0, output
+    rerun_in_fresh_process(globals(), interpret=True)
