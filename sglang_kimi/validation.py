@@ -474,6 +474,10 @@ def _resolve_speculative(original, server_args):
         getattr(cfg, "speculative_draft_kv_cache_dtype", None) if algorithm not in (None, "NGRAM") else None
     )
     kv_scales.check_kv_dtype(cfg.kv_cache_dtype, draft_kv_dtype)  # SGLang's scales follow an FP8 cache only
+    if str(cfg.kv_cache_dtype).startswith("fp8"):  # the attention backends are resolved by now
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of, use_mla_backend
+
+        kv_scales.check_mla_backends(cfg.kv_cache_dtype, set(attention_backends_of(cfg)), use_mla_backend(cfg))
     if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:

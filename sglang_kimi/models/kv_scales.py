@@ -493,6 +493,22 @@ def check_kv_dtype(kv_cache_dtype: str, draft_kv_cache_dtype: str | None = None)
     )
 
 
+def check_mla_backends(kv_cache_dtype: str, backends: set[str | None], target_is_mla: bool) -> None:
+    """Raise :class:`KVScalesError` when ``SGLANG_KIMI_KV_SCALES`` asks for scales (a file, or ``dynamic`` set
+    explicitly) of an FP8 MLA target whose attention backends ignore ``layer.k_scale`` for the latent cache: the
+    target kept scale 1.0 (values above 448 clip) with a warning. ``backends``: the resolved (prefill, decode)."""
+    setting = os.environ.get(ENV, "").strip()
+    if not setting or setting in ("observe", "off") or not target_is_mla:
+        return
+    if not str(kv_cache_dtype).startswith("fp8") or None in backends or backends <= set(SCALE_AWARE_MLA_BACKENDS):
+        return
+    raise KVScalesError(
+        f"{ENV}={setting} sets FP8 KV scales, but the target's MLA layers would keep scale 1.0 (every latent value "
+        f"above 448 clipped): attention backend(s) {', '.join(sorted(backends))} ignore layer.k_scale for the MLA "
+        f"latent cache: serve with --attention-backend {' or '.join(SCALE_AWARE_MLA_BACKENDS)}, or unset {ENV}"
+    )
+
+
 def _active() -> str | None:
     """None when the hooks should be installed; else why not (the table records it as skipped)."""
     if mode() == "off":

@@ -508,3 +508,15 @@ def test_a_misspelt_plugin_variable_ends_start_up_before_loading_weights(tmp_pat
     assert "sglang-kimi: error: SGLANG_KIMI_KV_SCALE is not a variable" in text, text[-2000:]
     assert "did you mean SGLANG_KIMI_KV_SCALES" in text
     assert "Load weight" not in text and "Traceback" not in text
+
+
+def test_kv_scales_the_mla_backend_would_ignore_are_refused_at_resolution(monkeypatch):
+    """Through SGLang's own resolution (the attention backends resolved before the plugin's check, the target's MLA
+    read from its config): an explicit scale setting with an FP8 cache on a backend that ignores layer.k_scale."""
+    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", "dynamic")
+    outcomes = resolve_all(
+        [["--attention-backend", "kimi_cpu", "--kv-cache-dtype", "fp8_e4m3"], ["--attention-backend", "kimi_cpu"]]
+    )
+    assert outcomes[0] is not None and "the target's MLA layers would keep scale 1.0" in outcomes[0], outcomes
+    assert "backend(s) kimi_cpu ignore layer.k_scale" in outcomes[0]
+    assert outcomes[1] is not None and "builds no FP8 KV cache" in outcomes[1], outcomes  # check_kv_dtype's case

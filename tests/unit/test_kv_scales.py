@@ -162,6 +162,33 @@ def test_scales_without_an_fp8_cache_are_refused(monkeypatch, setting, kv, draft
     assert ("--speculative-draft-kv-cache-dtype" in message) == (draft_kv is not None)
 
 
+@pytest.mark.parametrize(
+    "setting, kv, backends, mla, refused",
+    [
+        ("kv_scales.json", "fp8_e4m3", {"flashinfer"}, True, True),  # FlashInfer-MLA ignores layer.k_scale
+        ("dynamic", "fp8_e4m3", {"triton", "fa3"}, True, True),  # a prefill / decode split, one unaware
+        ("kv_scales.json", "fp8_e4m3", {"triton"}, True, False),
+        ("kv_scales.json", "fp8_e4m3", {"flashinfer"}, False, False),  # MHA targets: the pools divide
+        ("", "fp8_e4m3", {"flashinfer"}, True, False),  # the default: logged at load, not refused
+        ("observe", "fp8_e4m3", {"flashinfer"}, True, False),
+        ("kv_scales.json", "bf16", {"flashinfer"}, True, False),  # no FP8 cache: check_kv_dtype's case
+        ("kv_scales.json", "fp8_e4m3", {None}, True, False),  # unresolved: left to the load-time warning
+    ],
+)
+def test_scales_an_mla_backend_would_ignore_are_refused(monkeypatch, setting, kv, backends, mla, refused):
+    """The target's MLA latent cache is scaled only by the triton backend: with another one, a scale file served
+    FP8 with scale 1.0 (a warning at load)."""
+    monkeypatch.setenv(K.ENV, setting)
+    if not refused:
+        K.check_mla_backends(kv, backends, mla)
+        return
+    with pytest.raises(K.KVScalesError) as error:
+        K.check_mla_backends(kv, backends, mla)
+    message = str(error.value)
+    assert f"{K.ENV}={setting}" in message and "--attention-backend triton" in message and f"unset {K.ENV}" in message
+    assert all(b in message for b in backends if b != "triton")
+
+
 @pytest.mark.parametrize("draft_kv, expected", [(None, "fp8_e4m3"), ("bf16", "bf16"), ("auto", "auto")])
 def test_each_model_is_set_up_for_its_own_pool_dtype(monkeypatch, draft_kv, expected):
     """SGLang hands the target's --kv-cache-dtype to the drafter's runner too; the drafter's pool follows
