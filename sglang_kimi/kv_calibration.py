@@ -2,7 +2,7 @@
 
     SGLANG_KIMI_KV_SCALES=observe sglang-kimi serve --model-path moonshotai/Kimi-K2.6 ...   # any --kv-cache-dtype
     sglang-kimi calibrate-kv --base-url http://127.0.0.1:30000 --out kv_scales.json
-    SGLANG_KIMI_KV_SCALES=kv_scales.json sglang-kimi serve ... --kv-cache-dtype fp8_e4m3
+    SGLANG_KIMI_KV_SCALES=kv_scales.json sglang-kimi serve ... --kv-cache-dtype fp8_e4m3 --attention-backend triton
 
 The server records, per attention layer, the running max of everything written to its KV cache (the target's MLA
 latent rows and, when a drafter is served, the drafter's K and V). This command sends calibration prompts (GSM8K
@@ -199,7 +199,7 @@ def run_calibrate_kv(args) -> int:
                 f"  {role}: {len(layers)} layers; largest |KV| {worst[1]['k_amax']:.4g} (layer {worst[0]}), "
                 f"scale {worst[1]['k_scale']:g}"
             )
-    print(f"serve with {ENV}={out} and --kv-cache-dtype fp8_e4m3")
+    print(f"serve with {ENV}={out}, --kv-cache-dtype fp8_e4m3 and --attention-backend triton (MLA targets)")
     return 0
 
 
@@ -209,7 +209,8 @@ def add_calibrate_kv_parser(sub) -> None:
         help="FP8 KV cache scales from a running server's KV data (target and drafter layers) into a JSON file",
         description="Sends calibration prompts (GSM8K train questions) to a server started with "
         f"{ENV}=observe, reads back the per-layer maxima of everything written to its KV cache and writes "
-        f"per-layer k_scale / v_scale. Serve with {ENV}=<file> --kv-cache-dtype fp8_e4m3.",
+        f"per-layer k_scale / v_scale. Serve with {ENV}=<file> --kv-cache-dtype fp8_e4m3 --attention-backend triton "
+        "(the backend that applies scales to an MLA target's latent cache).",
     )
     parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
     parser.add_argument("--out", required=True, help="the JSON file to write")
