@@ -317,6 +317,21 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "openai-unread-fields",
+        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
+        "sglang_kimi.openai_fields:install_openai_fields",
+        "upstream gap: /v1/completions and /v1/chat/completions drop body keys their request models do not read, so "
+        "a misspelt option (temprature), another server's (guided_json) or an OpenAI option SGLang does not "
+        "implement (functions, audio) was served as if not sent; refused with HTTP 400 naming the keys (and the "
+        "option meant), as OpenAI refuses them. OpenAI's billing, storage and caching hints are served as before",
+        needs=(
+            "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
+            "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.create_error_response",
+            "sglang.srt.entrypoints.openai.protocol.CompletionRequest",
+            "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest",
+        ),
+    ),
+    Entry(
         "admin-validation",
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
         "sglang_kimi.admin_validation:install_admin_validation",

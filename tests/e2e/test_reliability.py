@@ -119,6 +119,20 @@ MATRIX = [
         {"model": "m", "prompt": "hi", "max_tokens": 4, "suffix": "!"},
         "4xx",
     ),
+    # keys SGLang's OpenAI request models drop: a typo, another server's option, an OpenAI option it does not serve
+    ("OpenAI completion, misspelt option", "/v1/completions", {"model": "m", "prompt": "hi", "temprature": 1.5}, "4xx"),
+    (
+        "OpenAI chat, another server's option",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "guided_json": {"type": "object"}},
+        "4xx",
+    ),
+    (
+        "OpenAI chat, functions",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f", "parameters": {}}]},
+        "4xx",
+    ),
     ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
     ("stop token id outside the vocabulary", "/generate", body(stop_token_ids=[13, VOCAB]), "4xx"),
     # fields a JSON body can carry that ended the scheduler or the tokenizer manager (the server has --enable-metrics)
@@ -243,6 +257,20 @@ MATRIX = [
         "OpenAI chat",
         "/v1/chat/completions",
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        lambda o: o["choices"][0]["message"]["content"] is not None,
+    ),
+    (  # keys the request model's validators read (reasoning), and OpenAI hints with nothing to serve
+        "OpenAI chat, reasoning and storage hints",
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "reasoning": {"effort": "low"},
+            "store": False,
+            "metadata": {"team": "a"},
+            "service_tier": "auto",
+        },
         lambda o: o["choices"][0]["message"]["content"] is not None,
     ),
 ]

@@ -1,0 +1,53 @@
+"""Keys of an OpenAI request body that SGLang's request models would drop: found by validating without each key."""
+
+import copy
+
+import pytest
+
+from sglang_kimi.openai_fields import unread_fields
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+@pytest.fixture(scope="module")
+def models():
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+    return {"chat": (ChatCompletionRequest, CHAT), "completion": (CompletionRequest, COMPLETION)}
+
+
+@pytest.mark.parametrize(
+    "kind, extra, words",
+    [
+        ("completion", {"temprature": 1.5}, ["'temprature' (did you mean 'temperature'?)", "fix or drop it"]),
+        ("completion", {"max_tokns": 3}, ["did you mean 'max_tokens'?"]),
+        ("chat", {"guided_json": {"type": "object"}}, ["unrecognized request argument 'guided_json'"]),
+        ("chat", {"functions": [{"name": "f"}], "function_call": "auto"}, ["send tools instead", "send tool_choice"]),
+        ("chat", {"modalities": ["text", "audio"]}, ["generates text only"]),
+        ("chat", {"temperature": 0.5, "top_pp": 0.9, "stop_seqs": ["x"]}, ["'top_pp'", "'stop_seqs'", "them"]),
+    ],
+)
+def test_unread_keys_are_named(models, kind, extra, words):
+    model, base = models[kind]
+    problem = unread_fields(model, {**base, **extra})
+    assert problem is not None and all(w in problem for w in words), problem
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("chat", {"temperature": 0.5, "top_k": 5, "max_tokens": 4, "stream_options": {"include_usage": True}}),
+        ("chat", {"reasoning": {"effort": "low"}}),  # read by a validator into reasoning_effort
+        ("chat", {"data_parallel_rank": 0}),  # SGLang's deprecated spelling of routed_dp_rank
+        ("chat", {"store": True, "metadata": {"a": "b"}, "service_tier": "auto", "modalities": ["text"]}),
+        ("chat", {"response_format": {"type": "json_schema", "schema": {"type": "object"}}}),
+        ("completion", {"echo": True, "logprobs": 2, "user": "u", "prediction": {"type": "content", "content": "x"}}),
+    ],
+)
+def test_read_keys_and_openai_hints_are_served(models, kind, extra):
+    model, base = models[kind]
+    body = {**base, **extra}
+    before = copy.deepcopy(body)
+    assert unread_fields(model, body) is None
+    assert body == before  # SGLang's validators edit nested values; the check works on copies
