@@ -461,6 +461,12 @@ def check_setting() -> None:
         read_scales(mode())
 
 
+def _scales_asked_for() -> str | None:
+    """The setting when it asks for scales explicitly (a file, or ``dynamic`` set by hand), else None."""
+    setting = os.environ.get(ENV, "").strip()
+    return None if not setting or setting in ("observe", "off") else setting
+
+
 def served_kv_dtypes(kv_cache_dtype: str, draft_kv_cache_dtype: str | None) -> dict[str, str]:
     """role -> the ``--kv-cache-dtype`` its pool is built with: the drafter's is
     ``--speculative-draft-kv-cache-dtype`` when given (its ``auto`` is the drafter's model dtype), else the target's."""
@@ -475,8 +481,8 @@ def check_kv_dtype(kv_cache_dtype: str, draft_kv_cache_dtype: str | None = None)
     explicitly) and no KV cache of the launch is FP8: the scales would be left unused (the setting is only read by
     an FP8 cache; ``observe`` works with any dtype). ``draft_kv_cache_dtype``: the drafter's own setting, None
     where there is no drafter or it shares the target's dtype."""
-    setting = os.environ.get(ENV, "").strip()
-    if not setting or setting in ("observe", "off"):
+    setting = _scales_asked_for()
+    if setting is None:
         return
     roles = served_kv_dtypes(kv_cache_dtype, draft_kv_cache_dtype)
     if not draft_kv_cache_dtype:
@@ -497,8 +503,8 @@ def check_mla_backends(kv_cache_dtype: str, backends: set[str | None], target_is
     """Raise :class:`KVScalesError` when ``SGLANG_KIMI_KV_SCALES`` asks for scales (a file, or ``dynamic`` set
     explicitly) of an FP8 MLA target whose attention backends ignore ``layer.k_scale`` for the latent cache: the
     target kept scale 1.0 (values above 448 clip) with a warning. ``backends``: the resolved (prefill, decode)."""
-    setting = os.environ.get(ENV, "").strip()
-    if not setting or setting in ("observe", "off") or not target_is_mla:
+    setting = _scales_asked_for()
+    if setting is None or not target_is_mla:
         return
     if not str(kv_cache_dtype).startswith("fp8") or None in backends or backends <= set(SCALE_AWARE_MLA_BACKENDS):
         return
