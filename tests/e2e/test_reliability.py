@@ -206,11 +206,16 @@ MATRIX = [
         {"instances": [{"text": PROMPT}] * 2, "parameters": {"sampling_params": {"max_new_tokens": 4}}},
         lambda o: [len(p["output_ids"]) for p in o["predictions"]] == [4, 4],
     ),
-    ("top_k -1 (no top-k)", "/generate", body(temperature=1.0, top_k=-1), lambda o: len(o["output_ids"]) == 8),
+    (
+        "top_k -1 (no top-k)",
+        "/generate",
+        body(temperature=1.0, top_k=-1, ignore_eos=True),
+        lambda o: len(o["output_ids"]) == 8,
+    ),
     (
         "top_k at int32's maximum",
         "/generate",
-        body(temperature=1.0, top_k=2**31 - 1),
+        body(temperature=1.0, top_k=2**31 - 1, ignore_eos=True),
         lambda o: len(o["output_ids"]) == 8,
     ),
     (
@@ -220,7 +225,7 @@ MATRIX = [
         lambda o: all(len(row) == VOCAB for row in o["meta_info"]["output_top_logprobs"]),
     ),
     ("max_new_tokens 0", "/generate", body(max_new_tokens=0), lambda o: o["output_ids"] == []),
-    ("huge temperature", "/generate", body(temperature=1e9), lambda o: len(o["output_ids"]) == 8),
+    ("huge temperature", "/generate", body(temperature=1e9, ignore_eos=True), lambda o: len(o["output_ids"]) == 8),
     ("n = 2", "/generate", body(n=2, temperature=0.8), lambda o: isinstance(o, list) and len(o) == 2),
     (
         "log-probabilities with top-k",
@@ -240,10 +245,15 @@ MATRIX = [
     (
         "penalties",
         "/generate",
-        body(temperature=0.7, frequency_penalty=1.5, presence_penalty=1.0, repetition_penalty=1.3),
+        body(temperature=0.7, frequency_penalty=1.5, presence_penalty=1.0, repetition_penalty=1.3, ignore_eos=True),
         lambda o: len(o["output_ids"]) == 8,
     ),
-    ("sampling seed", "/generate", body(temperature=1.0, sampling_seed=123), lambda o: len(o["output_ids"]) == 8),
+    (
+        "sampling seed",
+        "/generate",
+        body(temperature=1.0, sampling_seed=123, ignore_eos=True),
+        lambda o: len(o["output_ids"]) == 8,
+    ),
     ("logit bias", "/generate", body(logit_bias={"5": 100.0}), lambda o: o["output_ids"] == [5] * 8),
     ("streaming, bad token id", "/generate", {"input_ids": [1, 10_000_000], "stream": True}, "error-event"),
     (
