@@ -75,10 +75,12 @@ async def check_openai_fields(original, serving, request, raw_request, *args, **
             body = json.loads(await raw_request.body())
         except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang
             body = None
-        if isinstance(body, dict):
-            problem = unread_fields(type(request), body)
-            if problem is not None:
-                return serving.create_error_response(problem)
+        try:
+            problem = unread_fields(type(request), body) if isinstance(body, dict) else None
+        except Exception:  # noqa: BLE001 - a body the models will not validate twice is left to SGLang, as before
+            problem = None
+        if problem is not None:
+            return serving.create_error_response(problem)
     return await original(serving, request, raw_request, *args, **kwargs)
 
 
