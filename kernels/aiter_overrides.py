@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 
 DISABLE_ENV = "SGLANG_KIMI_AITER_OVERRIDES"
+OFF_VALUES = ("0", "false", "no", "off")  # DISABLE_ENV values (lower-cased) that turn the overrides off
 SOURCE = "AMD Kimi-K2.5 TPOT optimization report (MI308X, W4A8, EAGLE3 4 draft tokens; amd-afde.top BD-study)"
 
 
@@ -74,7 +75,7 @@ def apply_aiter_env(environ=None, is_rocm: bool | None = None):
     rocm = _is_rocm() if is_rocm is None else is_rocm
     if not rocm:
         return "not ROCm (torch.version.hip is unset)"
-    if env.get(DISABLE_ENV, "1").lower() in ("0", "false", "no", "off"):
+    if env.get(DISABLE_ENV, "1").lower() in OFF_VALUES:
         return f"disabled by {DISABLE_ENV}={env[DISABLE_ENV]}"
     late = "aiter" in sys.modules
     for o in AITER_ENV_OVERRIDES:

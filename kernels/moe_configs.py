@@ -140,10 +140,15 @@ def read_table(path: Path) -> dict[int, dict]:
     return {int(k): v for k, v in raw.items() if not k.startswith("_")}
 
 
+def user_table_dir(environ=None) -> Path:
+    """The folder of ``sglang-kimi tune moe`` tables: ``$SGLANG_KIMI_MOE_CONFIG_DIR`` as given, else the default."""
+    env = os.environ if environ is None else environ
+    return Path(env.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
+
+
 def table_dirs() -> list[Path]:
     """Where the hook looks, highest precedence first."""
-    user = Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
-    return [user, SHIPPED_DIR]
+    return [user_table_dir(), SHIPPED_DIR]
 
 
 def find_table(file_name: str, dirs: list[Path] | None = None) -> tuple[dict[int, dict], Path] | None:

@@ -31,6 +31,7 @@ from .moe_configs import (
     logger,
     parse_config_file_name,
     read_table,
+    user_table_dir,
     verify_m_values,
 )
 
@@ -220,7 +221,7 @@ def check_tune_args(args: argparse.Namespace) -> None:
 def run_tune_moe(args: argparse.Namespace) -> Path:
     """Entry point of ``sglang-kimi tune moe``; returns the written table's path."""
     check_tune_args(args)
-    out_dir = args.output_dir or Path(os.environ.get(USER_DIR_ENV, str(DEFAULT_USER_DIR)))
+    out_dir = args.output_dir or user_table_dir()
     return tune_moe(
         experts=args.experts // args.ep,
         intermediate=args.moe_intermediate // args.tp,

@@ -12,15 +12,16 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from sglang_kimi.kernels.aiter_overrides import DISABLE_ENV as AITER_OVERRIDES_ENV
+from sglang_kimi.kernels.aiter_overrides import OFF_VALUES as AITER_OFF_VALUES
 from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
+from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
 from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, SpeculativeConfigError
 
 PREFIX = "SGLANG_KIMI_"
-ON_OFF = {"on": ("1", "true", "yes", "on"), "off": ("0", "false", "no", "off")}  # as aiter_overrides reads them
+AITER_ON_VALUES = ("1", "true", "yes", "on")  # aiter_overrides keeps the overrides for any value not off
 
 # name -> what it takes (for the errors)
 VARIABLES = {
@@ -60,15 +61,14 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             f"{DEBUG_GREEDY_VERIFY_ENV}={greedy}: only 1 turns it on (sampled requests verified greedily, not "
             f"lossless): set 1 or 0, or unset it"
         )
-    aiter = env.get(AITER_OVERRIDES_ENV, "").strip().lower()
-    if aiter and aiter not in ON_OFF["on"] + ON_OFF["off"]:
+    aiter = env.get(AITER_OVERRIDES_ENV)  # lower-cased, as aiter_overrides reads it
+    if aiter and aiter.lower() not in AITER_ON_VALUES + AITER_OFF_VALUES:
         raise EnvironmentSettingError(
             f"{AITER_OVERRIDES_ENV}={env[AITER_OVERRIDES_ENV]}: set 0 (or false / no / off) to turn the AITER "
             f"overrides off, 1 to keep them"
         )
-    tables = env.get(MOE_CONFIG_DIR_ENV, "").strip()
-    if tables and not Path(tables).expanduser().is_dir():
+    if MOE_CONFIG_DIR_ENV in env and not user_table_dir(env).is_dir():  # the folder moe_configs reads
         raise EnvironmentSettingError(
-            f"{MOE_CONFIG_DIR_ENV}={tables} is not a folder, so no tuned MoE table would be read from it: point it "
-            f"at the folder `sglang-kimi tune moe` wrote, or unset it"
+            f"{MOE_CONFIG_DIR_ENV}={env[MOE_CONFIG_DIR_ENV]} is not a folder, so no tuned MoE table would be read "
+            f"from it: point it at the folder `sglang-kimi tune moe` wrote (a path as it is: no ~), or unset it"
         )

@@ -16,6 +16,9 @@ from sglang_kimi.environment import VARIABLES, EnvironmentSettingError, check_en
         ({"SGLANG_KIMI_DEBUG_GREEDY_VERIFY": " 1"}, ["only 1 turns it on"]),  # read as off
         ({"SGLANG_KIMI_AITER_OVERRIDES": "disable"}, ["=disable: set 0", "1 to keep them"]),
         ({"SGLANG_KIMI_MOE_CONFIG_DIR": "/nonexistent/tables"}, ["/nonexistent/tables is not a folder"]),
+        # judged as their readers read them: the overrides stay on for " 0", and the table folder is not expanded
+        ({"SGLANG_KIMI_AITER_OVERRIDES": " 0"}, ["= 0: set 0"]),
+        ({"SGLANG_KIMI_MOE_CONFIG_DIR": "~"}, ["=~ is not a folder", "no ~"]),
     ],
 )
 def test_settings_read_as_unset_are_refused(env, words):
