@@ -468,16 +468,12 @@ def _resolve_speculative(original, server_args):
     _check_cpu_backends(cfg, algorithm)
     _check_unused_speculative_flags(server_args, algorithm)
     _check_rejection_sampling(cfg, algorithm)
-    kv_scales.check_setting()  # a registration's failure would only be logged
     check_environment()
+    # a registration's failure would only be logged; the attention backends are resolved by now
     draft_kv_dtype = (
         getattr(cfg, "speculative_draft_kv_cache_dtype", None) if algorithm not in (None, "NGRAM") else None
     )
-    kv_scales.check_kv_dtype(cfg.kv_cache_dtype, draft_kv_dtype)  # SGLang's scales follow an FP8 cache only
-    if str(cfg.kv_cache_dtype).startswith("fp8"):  # the attention backends are resolved by now
-        from sglang.srt.arg_groups.model_override_base import attention_backends_of, use_mla_backend
-
-        kv_scales.check_mla_backends(cfg.kv_cache_dtype, set(attention_backends_of(cfg)), use_mla_backend(cfg))
+    kv_scales.check_launch(cfg, draft_kv_dtype)
     if algorithm is not None:
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:

@@ -339,7 +339,7 @@ def _after_load_kv_cache_scales(original, *args, model, kv_cache_dtype: str, **k
 def setup_model(model, kv_cache_dtype: str, env_mode: str | None = None) -> str:
     """Apply the configured mode to a loaded model's attention layers; returns what was done."""
     chosen = env_mode or mode()
-    fp8 = str(kv_cache_dtype).startswith("fp8")
+    fp8 = is_fp8(kv_cache_dtype)
     role, mla = model_role(model), _is_mla(model)
     layers = _attention_layers(model)
     _MODELS[role] = type(model).__name__
@@ -461,6 +461,11 @@ def check_setting() -> None:
         read_scales(mode())
 
 
+def is_fp8(kv_cache_dtype) -> bool:
+    """Whether a ``--kv-cache-dtype`` value builds an FP8 pool (the values the scales act on)."""
+    return str(kv_cache_dtype).startswith("fp8")
+
+
 def _scales_asked_for() -> str | None:
     """The setting when it asks for scales explicitly (a file, or ``dynamic`` set by hand), else None."""
     setting = os.environ.get(ENV, "").strip()
@@ -484,10 +489,7 @@ def check_kv_dtype(kv_cache_dtype: str, draft_kv_cache_dtype: str | None = None)
     setting = _scales_asked_for()
     if setting is None:
         return
-    roles = served_kv_dtypes(kv_cache_dtype, draft_kv_cache_dtype)
-    if not draft_kv_cache_dtype:
-        del roles[DRAFT]
-    if any(dtype.startswith("fp8") for dtype in roles.values()):
+    if any(is_fp8(dtype) for dtype in served_kv_dtypes(kv_cache_dtype, draft_kv_cache_dtype).values()):
         return
     given = f"--kv-cache-dtype {kv_cache_dtype}"
     if draft_kv_cache_dtype:
@@ -506,13 +508,25 @@ def check_mla_backends(kv_cache_dtype: str, backends: set[str | None], target_is
     setting = _scales_asked_for()
     if setting is None or not target_is_mla:
         return
-    if not str(kv_cache_dtype).startswith("fp8") or None in backends or backends <= set(SCALE_AWARE_MLA_BACKENDS):
+    if not is_fp8(kv_cache_dtype) or None in backends or backends <= set(SCALE_AWARE_MLA_BACKENDS):
         return
     raise KVScalesError(
         f"{ENV}={setting} sets FP8 KV scales, but the target's MLA layers would keep scale 1.0 (every latent value "
         f"above 448 clipped): attention backend(s) {', '.join(sorted(backends))} ignore layer.k_scale for the MLA "
         f"latent cache: serve with --attention-backend {' or '.join(SCALE_AWARE_MLA_BACKENDS)}, or unset {ENV}"
     )
+
+
+def check_launch(cfg, draft_kv_cache_dtype: str | None) -> None:
+    """Every start-up check of the setting, on SGLang's resolving view ``cfg`` of the server arguments (its attention
+    backends already resolved): a usable setting, an FP8 cache for explicit scales, and a backend that applies them
+    to an MLA target. The target's model config is read only when explicit scales meet an FP8 cache."""
+    check_setting()
+    check_kv_dtype(cfg.kv_cache_dtype, draft_kv_cache_dtype)
+    if _scales_asked_for() is not None and is_fp8(cfg.kv_cache_dtype):
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of, use_mla_backend
+
+        check_mla_backends(cfg.kv_cache_dtype, set(attention_backends_of(cfg)), use_mla_backend(cfg))
 
 
 def _active() -> str | None:
