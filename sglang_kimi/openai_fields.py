@@ -19,7 +19,6 @@ import json
 
 from sglang_kimi.hooks import hook
 
-SERVING_BASE = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase"
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 # OpenAI options with nothing to serve here and no effect on the tokens: accepted as OpenAI accepts them

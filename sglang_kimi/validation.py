@@ -338,11 +338,10 @@ def _check_rejection_sampling(cfg, algorithm: str | None) -> None:
     """``--speculative-use-rejection-sampling`` is read only by SGLang's EAGLE draft workers (it verifies a chain
     against the drafter's probabilities). DFLASH, NGRAM and a launch without speculation served with the flag set
     and never read it; SGLang itself refuses it for its other algorithms."""
-    if not getattr(cfg, "speculative_use_rejection_sampling", False) or algorithm in (
-        None,
-        *REJECTION_SAMPLING_ALGORITHMS,
-    ):
-        return  # without an algorithm: refused with the other speculative flags (_check_unused_speculative_flags)
+    if not getattr(cfg, "speculative_use_rejection_sampling", False) or algorithm in REJECTION_SAMPLING_ALGORITHMS:
+        return
+    if algorithm is None:
+        return  # refused with the other speculative flags (_check_unused_speculative_flags)
     why = (
         "the plugin verifies DFLASH's sampled requests losslessly without it (the target-only rule, every device)"
         if algorithm == "DFLASH"
