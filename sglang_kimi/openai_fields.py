@@ -9,6 +9,13 @@ A key is unread when validating the body without it gives the same request: that
 every key their validators read (``reasoning``, the deprecated ``data_parallel_rank``) in every SGLang release,
 without a list of them. OpenAI options that change nothing a server computes (billing, storage and caching hints
 such as ``store`` or ``service_tier``, ``prediction``, ``modalities: ["text"]``) are served as before.
+
+The keys of each chat message are checked the same way. A message model ignores keys it lacks too, and a misspelt
+``content`` on a ``system``, ``developer``, ``assistant`` or ``tool`` message (whose content may be left out) served
+the conversation without that message's text. A message key whose value is empty (``null``, ``""``, ``[]``, ``{}``)
+carries nothing to drop and is served: clients that send a response's message back in the history add OpenAI's
+response fields that way (``"refusal": null``, ``"annotations": []``). Content parts are not checked: their unread
+keys are caching hints such as ``cache_control``.
 """
 
 from __future__ import annotations
@@ -16,10 +23,14 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import typing
+
+import pydantic
 
 from sglang_kimi.hooks import hook
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
+MAX_NAMED = 5  # unread keys named in one answer
 
 # OpenAI options with nothing to serve here and no effect on the tokens: accepted as OpenAI accepts them
 NO_EFFECT = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "prediction", "user")
@@ -38,27 +49,79 @@ def _no_effect(name: str, value) -> bool:
     return name in NO_EFFECT or (name == "modalities" and value in (["text"], None))
 
 
+def _models_in(annotation) -> list[type[pydantic.BaseModel]]:
+    """The pydantic models an annotation admits (``List[Union[A, B]]`` -> ``[A, B]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    return [found for arg in typing.get_args(annotation) for found in _models_in(arg)]
+
+
+def _message_fields(model) -> set[str]:
+    """Every key some message model of ``model.messages`` has (empty for a request without messages)."""
+    field = model.model_fields.get("messages")
+    return {name for m in _models_in(field.annotation) for name in m.model_fields} if field else set()
+
+
+def _carries_nothing(value) -> bool:
+    return value is None or (isinstance(value, (str, list, dict)) and not value)
+
+
+def _without(body: dict, path: tuple) -> dict:
+    """A copy of ``body`` without the key at ``path`` (``("top_pp",)`` or ``("messages", 2, "contents")``):
+    SGLang's validators edit nested values, so each validation gets its own copy."""
+    copied = copy.deepcopy(body)
+    parent = copied
+    for step in path[:-1]:
+        parent = parent[step]
+    del parent[path[-1]]
+    return copied
+
+
+def _hint(name: str, known) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
 def unread_fields(model, body: dict) -> str | None:
     """What is wrong with ``body`` for ``model`` (``CompletionRequest`` / ``ChatCompletionRequest``): the keys
     SGLang would drop, with hints; None when every key is read. ``body`` already validated as ``model``."""
-    candidates = [name for name in body if name not in model.model_fields and not _no_effect(name, body[name])]
+    candidates = [(name,) for name in body if name not in model.model_fields and not _no_effect(name, body[name])]
+    message_fields = _message_fields(model)
+    messages = body.get("messages") if message_fields else None
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict):
+            candidates += [
+                ("messages", index, name)
+                for name, value in message.items()
+                if name not in message_fields and not _carries_nothing(value)
+            ]
     if not candidates:
         return None
 
-    def validated(without: str | None) -> dict:  # SGLang's validators edit nested values: each gets its own copy
-        return model.model_validate(copy.deepcopy({k: v for k, v in body.items() if k != without})).model_dump()
+    def validated(without: tuple | None) -> dict:
+        return model.model_validate(copy.deepcopy(body) if without is None else _without(body, without)).model_dump()
 
     reference = validated(None)
-    unread = [name for name in candidates if validated(name) == reference]
+    unread, seen, untested = [], set(), False
+    for path in candidates:
+        if len(unread) == MAX_NAMED:  # each test validates the whole body: a body of many stray keys stops here
+            untested = True
+            break
+        if (path[0], path[-1]) not in seen and validated(path) == reference:  # a key found unread once is named once
+            seen.add((path[0], path[-1]))
+            unread.append(path)
     if not unread:
         return None
     notes = []
-    for name in unread:
-        if name in NOT_SERVED:
-            notes.append(f"{name!r}: {NOT_SERVED[name]}")
-            continue
-        close = difflib.get_close_matches(name, model.model_fields, n=1, cutoff=0.8)
-        notes.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    for path in unread:
+        if len(path) > 1:
+            notes.append(f"{_hint(path[-1], message_fields)} in messages[{path[1]}]")
+        elif path[0] in NOT_SERVED:
+            notes.append(f"{path[0]!r}: {NOT_SERVED[path[0]]}")
+        else:
+            notes.append(_hint(path[0], model.model_fields))
+    if untested:
+        notes.append("and possibly more")
     return (
         f"unrecognized request argument{'s' if len(unread) > 1 else ''} {'; '.join(notes)}: this server would ignore "
         f"{'them' if len(unread) > 1 else 'it'}; fix or drop {'them' if len(unread) > 1 else 'it'}"

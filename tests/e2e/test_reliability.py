@@ -133,6 +133,12 @@ MATRIX = [
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f", "parameters": {}}]},
         "4xx",
     ),
+    (  # a misspelt content: the system message was served without its text
+        "OpenAI chat, a message key it would drop",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "system", "contents": "Be terse."}, {"role": "user", "content": "hi"}]},
+        "4xx",
+    ),
     ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
     ("stop token id outside the vocabulary", "/generate", body(stop_token_ids=[13, VOCAB]), "4xx"),
     # fields a JSON body can carry that ended the scheduler or the tokenizer manager (the server has --enable-metrics)
@@ -280,6 +286,20 @@ MATRIX = [
             "store": False,
             "metadata": {"team": "a"},
             "service_tier": "auto",
+        },
+        lambda o: o["choices"][0]["message"]["content"] is not None,
+    ),
+    (  # an earlier answer sent back with OpenAI's empty response fields, a content part with a caching hint
+        "OpenAI chat, a history with empty response fields",
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "Hello.", "refusal": None, "annotations": [], "audio": None},
+                {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}]},
+            ],
+            "max_tokens": 4,
         },
         lambda o: o["choices"][0]["message"]["content"] is not None,
     ),

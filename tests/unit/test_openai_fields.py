@@ -8,6 +8,7 @@ from sglang_kimi.openai_fields import unread_fields
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,19 @@ def models():
         ("chat", {"functions": [{"name": "f"}], "function_call": "auto"}, ["send tools instead", "send tool_choice"]),
         ("chat", {"modalities": ["text", "audio"]}, ["generates text only"]),
         ("chat", {"temperature": 0.5, "top_pp": 0.9, "stop_seqs": ["x"]}, ["'top_pp'", "'stop_seqs'", "them"]),
+        (  # a system message whose misspelt content was dropped: the conversation was served without it
+            "chat",
+            {"messages": [{"role": "system", "contents": "Be terse."}, {"role": "user", "content": "hi"}]},
+            ["'contents' (did you mean 'content'?) in messages[0]", "fix or drop it"],
+        ),
+        (  # one message key and one request key: both named; a key repeated in every message named once
+            "chat",
+            {
+                "messages": [{"role": "user", "content": "a", "id": 1}, {"role": "tool", "content": "b", "id": 2}],
+                "x": 1,
+            },
+            ["'x'; 'id' in messages[0]", "them"],
+        ),
     ],
 )
 def test_unread_keys_are_named(models, kind, extra, words):
@@ -43,6 +57,22 @@ def test_unread_keys_are_named(models, kind, extra, words):
         ("chat", {"store": True, "metadata": {"a": "b"}, "service_tier": "auto", "modalities": ["text"]}),
         ("chat", {"response_format": {"type": "json_schema", "schema": {"type": "object"}}}),
         ("completion", {"echo": True, "logprobs": 2, "user": "u", "prediction": {"type": "content", "content": "x"}}),
+        (  # every message field, and a response message sent back with OpenAI's empty response fields
+            "chat",
+            {
+                "messages": [
+                    {"role": "system", "content": "s", "name": "rules"},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], "refusal": None, "audio": None},
+                    {"role": "tool", "content": "4", "tool_call_id": "c1"},
+                    {"role": "assistant", "content": "4.", "reasoning_content": "", "annotations": []},
+                ]
+            },
+        ),
+        (  # content parts are not checked: their extra keys are caching hints
+            "chat",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"a": 1}}]}]},
+        ),
     ],
 )
 def test_read_keys_and_openai_hints_are_served(models, kind, extra):
