@@ -1,9 +1,10 @@
 """Fields of an OpenAI request that SGLang would drop without a word, answered with HTTP 400 instead.
 
-SGLang parses ``/v1/completions`` and ``/v1/chat/completions`` bodies into pydantic models that ignore keys they do
-not have: a misspelt option (``temprature``), another server's option (vLLM's ``guided_json``) or an OpenAI option
-SGLang does not implement (``functions``) was served as if it had not been sent, so the output was not what the
-client asked for. OpenAI's own API refuses such a request ("Unrecognized request argument"); so does this hook.
+SGLang parses ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses`` bodies into pydantic models that
+ignore keys they do not have: a misspelt option (``temprature``), another server's option (vLLM's ``guided_json``)
+or an OpenAI option SGLang does not implement (``functions``, the Responses API's ``conversation``) was served as if
+it had not been sent, so the output was not what the client asked for. OpenAI's own API refuses such a request
+("Unrecognized request argument"); so does this hook. The items of a Responses ``input`` are not checked.
 
 A key is unread when validating the body without it gives the same request: that covers the models' fields and
 every key their validators read (``reasoning``, the deprecated ``data_parallel_rank``) in every SGLang release,
@@ -29,11 +30,16 @@ import pydantic
 
 from sglang_kimi.hooks import hook
 
-ROUTES = ("/v1/completions", "/v1/chat/completions")
+ROUTES = {  # the routes checked, with the request model each parses its body into
+    "/v1/completions": "CompletionRequest",
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/responses": "ResponsesRequest",
+}
 MAX_NAMED = 5  # unread keys named in one answer
 
 # OpenAI options with nothing to serve here and no effect on the tokens: accepted as OpenAI accepts them
 NO_EFFECT = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "prediction", "user")
+NO_EFFECT += ("stream_options",)  # on /v1/responses: {"include_obfuscation": ...}, padding of the stream's events
 # OpenAI options SGLang does not implement, with what to send instead
 NOT_SERVED = {
     "functions": "send tools instead (functions is OpenAI's deprecated form)",
@@ -99,15 +105,22 @@ def unread_fields(model, body: dict) -> str | None:
         return None
 
     def validated(without: tuple | None) -> dict:
-        return model.model_validate(copy.deepcopy(body) if without is None else _without(body, without)).model_dump()
+        request = model.model_validate(copy.deepcopy(body) if without is None else _without(body, without))
+        return request.model_dump()
 
-    reference = validated(None)
+    reference, again = validated(None), validated(None)
+    fresh = [name for name in reference if reference[name] != again[name]]  # drawn anew each time (request_id)
+
+    def same(without: tuple) -> bool:
+        dumped = validated(without)
+        return all(dumped[name] == value for name, value in reference.items() if name not in fresh)
+
     unread, seen, untested = [], set(), False
     for path in candidates:
         if len(unread) == MAX_NAMED:  # each test validates the whole body: a body of many stray keys stops here
             untested = True
             break
-        if (path[0], path[-1]) not in seen and validated(path) == reference:  # a key found unread once is named once
+        if (path[0], path[-1]) not in seen and same(path):  # a key found unread once is named once
             seen.add((path[0], path[-1]))
             unread.append(path)
     if not unread:
@@ -128,11 +141,12 @@ def unread_fields(model, body: dict) -> str | None:
     )
 
 
-async def check_openai_fields(original, serving, request, raw_request, *args, **kwargs):
-    """AROUND ``OpenAIServingBase.handle_request(self, request, raw_request)`` for the two OpenAI generation routes
-    (other callers pass a ``raw_request`` whose body is another API's)."""
+async def check_openai_fields(original, serving, request, raw_request=None, *args, **kwargs):
+    """AROUND ``OpenAIServingBase.handle_request(self, request, raw_request)`` and
+    ``OpenAIServingResponses.create_responses(self, request, raw_request)``, for the routes of ``ROUTES`` (other
+    callers pass a ``raw_request`` whose body is another API's, or none)."""
     path = getattr(getattr(raw_request, "url", None), "path", "") or ""
-    if path.endswith(ROUTES) and type(request).__name__ in ("CompletionRequest", "ChatCompletionRequest"):
+    if any(path.endswith(route) and type(request).__name__ == name for route, name in ROUTES.items()):
         try:  # the bytes: the parsed body FastAPI keeps was edited by SGLang's validators (reasoning -> effort)
             body = json.loads(await raw_request.body())
         except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang

@@ -322,13 +322,27 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang_kimi.openai_fields:install_openai_fields",
         "upstream gap: /v1/completions and /v1/chat/completions drop body keys their request models do not read, so "
         "a misspelt option (temprature), another server's (guided_json) or an OpenAI option SGLang does not "
-        "implement (functions, audio) was served as if not sent; refused with HTTP 400 naming the keys (and the "
-        "option meant), as OpenAI refuses them. OpenAI's billing, storage and caching hints are served as before",
+        "implement (functions, audio) was served as if not sent, and a chat message's misspelt key (a system "
+        "message's contents) served the message empty; refused with HTTP 400 naming the keys (and the option "
+        "meant), as OpenAI refuses them. OpenAI's billing, storage and caching hints are served as before",
         needs=(
             "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
             "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.create_error_response",
             "sglang.srt.entrypoints.openai.protocol.CompletionRequest",
             "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest",
+        ),
+    ),
+    Entry(
+        "responses-unread-fields",
+        "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses",
+        "sglang_kimi.openai_fields:install_openai_fields",
+        "upstream gap: /v1/responses drops body keys its request model does not read (a misspelt option, the "
+        "Responses API's conversation or prompt), served as if not sent; refused with HTTP 400 as on the other "
+        "OpenAI routes",
+        needs=(
+            "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses",
+            "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_error_response",
+            "sglang.srt.entrypoints.openai.protocol.ResponsesRequest",
         ),
     ),
     Entry(

@@ -29,6 +29,8 @@ from spec_common import (
 )
 from support.servers import launch
 
+from sglang_kimi.server import TINY_MODEL
+
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings
 PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
@@ -137,6 +139,12 @@ MATRIX = [
         "OpenAI chat, a message key it would drop",
         "/v1/chat/completions",
         {"model": "m", "messages": [{"role": "system", "contents": "Be terse."}, {"role": "user", "content": "hi"}]},
+        "4xx",
+    ),
+    (
+        "OpenAI responses, misspelt option",
+        "/v1/responses",
+        {"model": str(TINY_MODEL), "input": "hi", "max_output_tokns": 4},
         "4xx",
     ),
     ("an empty stop string", "/generate", body(stop=["=", ""]), "4xx"),
@@ -288,6 +296,13 @@ MATRIX = [
             "service_tier": "auto",
         },
         lambda o: o["choices"][0]["message"]["content"] is not None,
+    ),
+    (
+        "OpenAI responses",
+        "/v1/responses",
+        # the Responses route serves only the served model's name (SGLang answers 404 for "m")
+        {"model": str(TINY_MODEL), "input": "hi", "max_output_tokens": 4, "store": False, "prompt_cache_key": "k"},
+        lambda o: o["output"][0]["content"][0]["text"] is not None,
     ),
     (  # an earlier answer sent back with OpenAI's empty response fields, a content part with a caching hint
         "OpenAI chat, a history with empty response fields",

@@ -8,14 +8,19 @@ from sglang_kimi.openai_fields import unread_fields
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
+RESPONSES = {"model": "m", "input": "hi"}
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
 
 
 @pytest.fixture(scope="module")
 def models():
-    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
-    return {"chat": (ChatCompletionRequest, CHAT), "completion": (CompletionRequest, COMPLETION)}
+    return {
+        "chat": (ChatCompletionRequest, CHAT),
+        "completion": (CompletionRequest, COMPLETION),
+        "responses": (ResponsesRequest, RESPONSES),
+    }
 
 
 @pytest.mark.parametrize(
@@ -40,6 +45,8 @@ def models():
             },
             ["'x'; 'id' in messages[0]", "them"],
         ),
+        ("responses", {"max_output_tokns": 4}, ["did you mean 'max_output_tokens'?"]),
+        ("responses", {"conversation": "conv_1", "prompt": {"id": "p"}}, ["'conversation'; 'prompt'"]),
     ],
 )
 def test_unread_keys_are_named(models, kind, extra, words):
@@ -67,6 +74,19 @@ def test_unread_keys_are_named(models, kind, extra, words):
                     {"role": "tool", "content": "4", "tool_call_id": "c1"},
                     {"role": "assistant", "content": "4.", "reasoning_content": "", "annotations": []},
                 ]
+            },
+        ),
+        (  # the Responses API's own options, and OpenAI's hints with nothing to serve
+            "responses",
+            {
+                "instructions": "Be terse.",
+                "max_output_tokens": 8,
+                "reasoning": {"effort": "low"},
+                "text": {"format": {"type": "text"}},
+                "store": False,
+                "stream_options": {"include_obfuscation": False},
+                "prompt_cache_key": "k",
+                "safety_identifier": "u1",
             },
         ),
         (  # content parts are not checked: their extra keys are caching hints
