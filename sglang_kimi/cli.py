@@ -50,7 +50,7 @@ def _count(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    from sglang_kimi.server import LaunchError, port_number
+    from sglang_kimi.launch_checks import LaunchError, port_number
 
     try:
         return port_number(text)

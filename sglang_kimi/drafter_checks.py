@@ -65,7 +65,7 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
 def _hub_tensor_names(repo_id: str, revision: str | None) -> list[str] | None:
     """A hub checkpoint's tensor names from its safetensors headers, fetched alone (HTTP range requests, no tensor
     data); None when the hub cannot say (offline, unreachable, private, no safetensors)."""
-    from sglang_kimi.server import hub_offline, modelscope
+    from sglang_kimi.launch_checks import hub_offline, modelscope
 
     if hub_offline() or modelscope():
         return None

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi import cli, server
+from sglang_kimi import cli, launch_checks, server
 
 COMMANDS = ["serve", "demo", "doctor", "tune moe"]
 
@@ -68,10 +68,10 @@ def test_serve_hub_id_offline(capsys, tmp_path, monkeypatch):
     assert "--speculative-draft-model-path org/d is no local folder" in line and "HF_HUB_OFFLINE" in line
     (tmp_path / "config.json").write_text("{}")
     cache_snapshot(tmp_path / "hf" / "hub", "org/kimi-test", [tmp_path / "config.json"])
-    server.check_model_path("org/kimi-test")  # cached: served offline
+    launch_checks.check_model_path("org/kimi-test")  # cached: served offline
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # huggingface_hub reads "0" as online
-    monkeypatch.setattr(server, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has it
-    server.check_model_path("org/other-model")
+    monkeypatch.setattr(launch_checks, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has it
+    launch_checks.check_model_path("org/other-model")
 
 
 def test_serve_hub_id_the_hub_cannot_give(capsys, tmp_path, monkeypatch):
@@ -83,7 +83,7 @@ def test_serve_hub_id_the_hub_cannot_give(capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv(server.MODELSCOPE_ENV, raising=False)
+    monkeypatch.delenv(launch_checks.MODELSCOPE_ENV, raising=False)
     asked = []
 
     def answer(outcome):
@@ -110,13 +110,13 @@ def test_serve_hub_id_the_hub_cannot_give(capsys, tmp_path, monkeypatch):
     response = SimpleNamespace(headers={}, request=None)  # what the hub's errors read of an HTTP answer
     answer(GatedRepoError("gated", response=response))
     with pytest.raises(server.LaunchError, match="gated: accept its terms"):
-        server.check_model_path("org/kimi-test")
+        launch_checks.check_model_path("org/kimi-test")
     for outcome in (True, HfHubHTTPError("429 Too Many Requests", response=response)):  # it is there / SGLang's to say
         answer(outcome)
-        server.check_model_path("org/kimi-test")
+        launch_checks.check_model_path("org/kimi-test")
     answer(OSError("unreachable"))
-    monkeypatch.setenv(server.MODELSCOPE_ENV, "true")  # SGLang downloads from ModelScope: the hub is not asked
-    server.check_model_path("org/kimi-test")
+    monkeypatch.setenv(launch_checks.MODELSCOPE_ENV, "true")  # SGLang downloads from ModelScope: the hub is not asked
+    launch_checks.check_model_path("org/kimi-test")
 
 
 def test_serve_model_folder_without_config(capsys, tmp_path):
@@ -147,7 +147,7 @@ def test_serve_port_whose_connections_linger_is_free(capsys, tmp_path):
         accepted, _ = listener.accept()
         accepted.close()  # the server side closes first: its end of the connection lingers in TIME_WAIT
         client.close()
-    server.check_port_free("127.0.0.1", port)
+    launch_checks.check_port_free("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(
@@ -252,14 +252,14 @@ def test_cpu_launch_stays_online_for_a_hub_id(tmp_path, monkeypatch):
     """Local checkpoints are served offline on CPU (no hub lookups); a hub id must be downloadable, unless the user
     set HF_HUB_OFFLINE themselves."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(server, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has the drafter
+    monkeypatch.setattr(launch_checks, "hub_problem", lambda repo_id, revision=None: None)  # a hub that has the drafter
     (tmp_path / "config.json").write_text("{}")
     local = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.ANY_PORT)
     assert local.env["HF_HUB_OFFLINE"] == "1"
     drafter = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "org/drafter"]
     hub = server.launch_command(["--model-path", str(tmp_path), *drafter], cpu=True, port=server.ANY_PORT)
     assert "HF_HUB_OFFLINE" not in hub.env
-    monkeypatch.setattr(server, "_in_hub_cache", lambda repo_id, revision=None: True)  # offline: cached
+    monkeypatch.setattr(launch_checks, "_in_hub_cache", lambda repo_id, revision=None: True)  # offline: cached
     for value in ("0", "1"):  # the user's own setting is kept, local folder or hub id
         monkeypatch.setenv("HF_HUB_OFFLINE", value)
         for args in (["--model-path", str(tmp_path)], ["--model-path", str(tmp_path), *drafter]):

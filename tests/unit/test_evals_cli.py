@@ -11,7 +11,7 @@ from sglang_kimi import cli
 from sglang_kimi.api_key import ENV, use_api_key
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
-from sglang_kimi.server import free_port
+from sglang_kimi.launch_checks import free_port
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import time
 from types import SimpleNamespace
 
 from sglang_kimi.gc_freeze import freeze_gc_once_listening, wait_until_listening
-from sglang_kimi.server import free_port
+from sglang_kimi.launch_checks import free_port
 
 
 def listen_after(port: int, delay_s: float, ready: threading.Event):

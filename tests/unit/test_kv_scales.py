@@ -469,7 +469,7 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "")  # no API key in this process
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi.server import free_port
+    from sglang_kimi.launch_checks import free_port
 
     data = tmp_path / "gsm8k"
     data.mkdir()
@@ -505,7 +505,7 @@ def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatc
     from support.fake_servers import serve, sglang_payloads
 
     from sglang_kimi import kv_calibration
-    from sglang_kimi.server import free_port
+    from sglang_kimi.launch_checks import free_port
 
     def no_hub(data_dir, limit):
         assert data_dir is not None, "the hub was contacted before the server and --out were checked"
