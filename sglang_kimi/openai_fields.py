@@ -38,8 +38,17 @@ ROUTES = {  # the routes checked, with the request model each parses its body in
 MAX_NAMED = 5  # unread keys named in one answer
 
 # OpenAI options with nothing to serve here and no effect on the tokens: accepted as OpenAI accepts them
-NO_EFFECT = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "prediction", "user")
-NO_EFFECT += ("stream_options",)  # on /v1/responses: {"include_obfuscation": ...}, padding of the stream's events
+# (stream_options is a field of the other routes; on /v1/responses, {"include_obfuscation": ...} pads its events)
+NO_EFFECT = (
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "prediction",
+    "user",
+    "stream_options",
+)
 # OpenAI options SGLang does not implement, with what to send instead
 NOT_SERVED = {
     "functions": "send tools instead (functions is OpenAI's deprecated form)",
