@@ -12,7 +12,8 @@ process with that folder first on ``PYTHONPATH``, so SGLang X shadows the venv's
    ``--attention-backend kimi_cpu``, one server at a time: autoregressive, DFLASH chain, DFLASH tree (budget 16),
    EAGLE3 tree (4 steps, top-k 4, 12 draft tokens); 3 GSM8K prompts x 32 greedy tokens each. Every speculative
    output must equal the autoregressive one token for token, and ``/server_info``
-   ``internal_states[0]["sglang_kimi"]`` must report no failed registration.
+   ``internal_states[0]["sglang_kimi"]`` must report no failed registration. The autoregressive server must also
+   answer HTTP 400 to ``/generate`` bodies with keys SGLang would not read (``STRAY_GENERATE_BODIES``).
 
 Every Python process a step starts (the doctor's probe, pytest's probes, SGLang's launcher, scheduler and
 detokenizer) records where it imported ``sglang`` from and ``importlib.metadata.version("sglang")`` through a
@@ -69,6 +70,12 @@ def mode_args(plugin_root: Path) -> dict[str, list[str]]:
 
 MODES = tuple(mode_args(REPO))
 TREE_REFUSAL = "--speculative-dflash-tree-budget needs SGLang 0.5.22 or later"
+# /generate bodies with keys GenerateReqInput or SamplingParams would not read: HTTP 400 on every release (SGLang's
+# API contract from 0.5.22 on, the plugin's generate-body-keys check before), checked on the autoregressive server
+STRAY_GENERATE_BODIES = (
+    {"text": "hi", "max_new_tokens": 4},
+    {"text": "hi", "sampling_params": {"max_new_tokens": 4, "temprature": 0}},
+)
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -477,6 +484,11 @@ def serve_one(mode: str, args: list[str], version: str, logs: Path, prompts: lis
             outputs.append(out["output_ids"])
             verify_steps += out["meta_info"].get("spec_verify_ct", 0) or 0
         result["generate_s"] = round(time.monotonic() - t0, 1)
+        for stray in STRAY_GENERATE_BODIES if mode == "autoregressive" else ():
+            response = requests.post(server.base_url + "/generate", json=stray, timeout=120)
+            result.setdefault("stray_keys", []).append([response.status_code, short(response.text, 200)])
+            if response.status_code != 400:
+                problems.append(f"/generate {json.dumps(stray)} answered {response.status_code}, not 400")
         result["output_ids"] = outputs
         tokens = sum(len(o) for o in outputs)
         result["tokens"] = tokens

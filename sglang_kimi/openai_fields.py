@@ -92,7 +92,8 @@ def _without(body: dict, path: tuple) -> dict:
     return copied
 
 
-def _hint(name: str, known) -> str:
+def named(name: str, known) -> str:
+    """``name`` quoted, with the closest of ``known`` when one is close enough to be what was meant."""
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
     return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
@@ -137,11 +138,11 @@ def unread_fields(model, body: dict) -> str | None:
     notes = []
     for path in unread:
         if len(path) > 1:
-            notes.append(f"{_hint(path[-1], message_fields)} in messages[{path[1]}]")
+            notes.append(f"{named(path[-1], message_fields)} in messages[{path[1]}]")
         elif path[0] in NOT_SERVED:
             notes.append(f"{path[0]!r}: {NOT_SERVED[path[0]]}")
         else:
-            notes.append(_hint(path[0], model.model_fields))
+            notes.append(named(path[0], model.model_fields))
     if untested:
         notes.append("and possibly more")
     return (

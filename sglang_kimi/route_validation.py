@@ -17,6 +17,14 @@ an "Internal Server Error" with no reason):
   original function (FastAPI kept it when the route was declared), so the hook is reached only from SGLang's own
   callers of ``generate_request``: ``/vertex_generate``.
 
+- ``/generate`` before SGLang 0.5.22, which had no API contract for its body: FastAPI parses the body into
+  ``GenerateReqInput`` and drops every key that is not one of its fields, so ``{"text": ..., "max_new_tokens": 8}``
+  (a sampling option outside ``sampling_params``) or a misspelt ``sampling_parms`` was served with the default
+  sampling, and a ``sampling_params`` key ``SamplingParams`` does not take was a ``TypeError`` in the tokenizer
+  manager (HTTP 500). A BEFORE hook on ``TokenizerManager.generate_request`` reads the bytes Starlette kept and refuses
+  both, naming the keys (an error event on a streaming request). From 0.5.22 on SGLang's own contract refuses them,
+  and the plugin's table skips the hook (``Entry.until``).
+
 - ``/v1/detokenize`` with a token id outside the tokenizer's vocabulary: a negative id fails in the tokenizer
   (HTTP 500), one past its end is dropped from the text without a word. An AFTER hook on the route's
   ``_validate_request`` (whose message SGLang answers with 400) names the id and the valid range.
@@ -29,10 +37,12 @@ catches those behaves as before.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from fastapi import HTTPException
 
 from sglang_kimi.hooks import hook
+from sglang_kimi.openai_fields import named
 
 REASONING_PARSER = "sglang.srt.parser.reasoning_parser.ReasoningParser"
 GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
@@ -107,6 +117,54 @@ async def check_generate_contract(original, request, raw_request, *args, **kwarg
     return await original(request, raw_request, *args, **kwargs)
 
 
+def generate_body_problem(body, fields, sampling_options) -> str | None:
+    """What a ``/generate`` JSON ``body`` holds that ``GenerateReqInput`` (``fields``) or ``SamplingParams``
+    (``sampling_options``) would not read; None when nothing."""
+    if not isinstance(body, dict):
+        return None
+    problems, count = [], 0
+    unknown = [key for key in body if key not in fields]
+    count += len(unknown)
+    if unknown:
+        misplaced = [key for key in unknown if key in sampling_options]
+        problems.append(
+            f"unrecognized request argument{'s' if len(unknown) > 1 else ''} "
+            + ", ".join(named(key, fields) for key in unknown)
+            + (f" ({', '.join(map(repr, misplaced))}: sampling options go in sampling_params)" if misplaced else "")
+        )
+    given = body.get("sampling_params")
+    for index, options in enumerate(given if isinstance(given, list) else [given]):
+        stray = [key for key in options if key not in sampling_options] if isinstance(options, dict) else []
+        if stray:
+            count += len(stray)
+            where = f"sampling_params[{index}]" if isinstance(given, list) else "sampling_params"
+            problems.append(
+                f"{where} holds {', '.join(named(key, sampling_options) for key in stray)}: not a sampling option"
+            )
+            break
+    return f"{'; '.join(problems)}: fix or drop {'them' if count > 1 else 'it'}" if problems else None
+
+
+def check_generate_body(manager, obj, request=None, *args, **kwargs):
+    """BEFORE ``TokenizerManager.generate_request(self, obj, request)``, for the ``/generate`` route (the OpenAI routes
+    pass their own request, whose body is another API's)."""
+    path = getattr(getattr(request, "url", None), "path", "") or ""
+    raw = getattr(request, "_body", None)  # the bytes FastAPI parsed the body from, kept by Starlette
+    if not path.endswith("/generate") or not raw:
+        return
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    fields = {field.name for field in dataclasses.fields(obj)}
+    options = set(SamplingParams.__struct_fields__)  # a msgspec Struct: the keywords its constructor takes
+    problem = generate_body_problem(body, fields, options)
+    if problem is not None:
+        raise ValueError(problem)  # SGLang's /generate answers a ValueError with HTTP 400 and its message
+
+
 def check_detokenize_tokens(result, serving, request, *args, **kwargs):
     """AFTER ``OpenAIServingDetokenize._validate_request(self, request)``: every token id is one of the tokenizer's."""
     if result:
@@ -130,3 +188,7 @@ def install_route_validation(target: str):
 
 def install_vertex_contract(target: str):
     hook(target, check_generate_contract, "AROUND")
+
+
+def install_generate_body_check(target: str):
+    hook(target, check_generate_body, "BEFORE")

@@ -4,6 +4,7 @@ raised; valid ones reach SGLang unchanged."""
 
 import asyncio
 import dataclasses
+import json
 import re
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from fastapi import HTTPException
 
 from sglang_kimi.route_validation import (
     check_detokenize_tokens,
+    check_generate_body,
     check_generate_contract,
     check_generate_fields,
     check_reasoning_parser,
@@ -78,6 +80,39 @@ def test_vertex_requests_meet_the_generate_contract():
     with pytest.raises(HTTPException) as info:
         vertex(Request(text=["a"], sampling_params={"temperature": "low"}))
     assert "expected f64" in info.value.detail
+
+
+def raw_generate(body, path="/generate"):
+    """A FastAPI request as ``TokenizerManager.generate_request`` receives it: Starlette kept the body's bytes."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return SimpleNamespace(url=SimpleNamespace(path=path), _body=raw)
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"text": "2+2=", "max_new_tokens": 8}, ["'max_new_tokens'", "sampling options go in sampling_params"]),
+        ({"text": "hi", "sampling_parms": {"temperature": 0}}, ["'sampling_parms' (did you mean 'sampling_params'?)"]),
+        ({"text": "hi", "sampling_params": {"temprature": 0}}, ["'temprature' (did you mean 'temperature'?)"]),
+        (
+            {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}, {"top_kk": 3}], "x": 1},
+            ["argument 'x'", "sampling_params[1] holds 'top_kk'", "fix or drop them"],
+        ),
+    ],
+)
+def test_generate_bodies_before_the_api_contract_name_what_would_be_dropped(body, words):
+    with pytest.raises(ValueError) as info:  # SGLang's /generate answers a ValueError with HTTP 400
+        check_generate_body(None, Request(), raw_generate(body))
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_generate_bodies_with_known_keys_and_other_routes_pass():
+    body = {"text": ["a"], "sampling_params": [{"max_new_tokens": 4, "temperature": 0.5, "top_k": 3}]}
+    assert check_generate_body(None, Request(), raw_generate(body)) is None
+    assert check_generate_body(None, Request(), raw_generate({"text": "hi", "return_logprob": True})) is None
+    # the OpenAI routes hand their own request over: its body is another API's
+    assert check_generate_body(None, Request(), raw_generate({"prompt": "hi"}, "/v1/completions")) is None
+    assert check_generate_body(None, Request(), None) is None  # called from Python: no HTTP body
 
 
 def detokenize_serving(size: int):
