@@ -70,8 +70,9 @@ def mode_args(plugin_root: Path) -> dict[str, list[str]]:
 
 MODES = tuple(mode_args(REPO))
 TREE_REFUSAL = "--speculative-dflash-tree-budget needs SGLang 0.5.22 or later"
-# /generate bodies with keys GenerateReqInput or SamplingParams would not read: HTTP 400 on every release (SGLang's
-# API contract from 0.5.22 on, the plugin's generate-body-keys check before), checked on the autoregressive server
+# /generate bodies with keys GenerateReqInput or SamplingParams would not read: HTTP 400 on every release (the
+# plugin's generate-body-keys check; SGLang's API contract, from 0.5.22 on, also refuses the second), checked on the
+# autoregressive server
 STRAY_GENERATE_BODIES = (
     {"text": "hi", "max_new_tokens": 4},
     {"text": "hi", "sampling_params": {"max_new_tokens": 4, "temprature": 0}},

@@ -34,8 +34,6 @@ class Entry:
     needs: tuple[str, ...] | None = None
     # The first SGLang release that has what the entry needs: older releases skip it (and the audit its names).
     since: tuple[int, int, int] | None = None
-    # The first SGLang release that does what the entry adds itself: it and later releases skip the entry.
-    until: tuple[int, int, int] | None = None
 
     def sglang_names(self) -> tuple[str, ...]:
         return (self.target,) if self.needs is None else self.needs
@@ -414,16 +412,15 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "generate-body-keys",
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
         "sglang_kimi.route_validation:install_generate_body_check",
-        "upstream gap before SGLang 0.5.22 (no API contract for /generate): body keys GenerateReqInput does not "
-        "have were dropped (a sampling option outside sampling_params, a misspelt field: served with the default "
-        "sampling), and a sampling_params key SamplingParams does not take was HTTP 500; both refused with HTTP 400 "
-        "naming the keys",
+        "upstream gap: /generate drops body keys GenerateReqInput does not have (a sampling option outside "
+        "sampling_params, a misspelt sampling_parms: served with the default sampling; SGLang's API contract, from "
+        "0.5.22 on, checks sampling_params only), and before 0.5.22 a sampling_params key SamplingParams does not "
+        "take was HTTP 500; both refused with HTTP 400 naming the keys",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
             "sglang.srt.managers.io_struct.GenerateReqInput",
             "sglang.srt.sampling.sampling_params.SamplingParams",
         ),
-        until=(0, 5, 22),  # SGLang's /generate API contract refuses such bodies from there on
     ),
     Entry(
         "gc-freeze-wait",
@@ -658,8 +655,6 @@ def skip_reason(entry: Entry) -> str | None:
         return f"only {entry.when}"
     if not installed_sglang_has(entry):
         return f"needs SGLang {'.'.join(map(str, entry.since))} or later"
-    if superseded(entry):
-        return f"SGLang {'.'.join(map(str, entry.until))} and later do this themselves"
     return None
 
 
@@ -679,11 +674,6 @@ def cuda_without_sgl_kernel() -> bool:
 def installed_sglang_has(entry: Entry) -> bool:
     """Whether the installed SGLang is at least the release ``entry`` needs (``Entry.since``)."""
     return entry.since is None or sglang_at_least(entry.since)[0]
-
-
-def superseded(entry: Entry) -> bool:
-    """Whether the installed SGLang does what ``entry`` adds itself (``Entry.until``)."""
-    return entry.until is not None and sglang_at_least(entry.until)[0]
 
 
 def sglang_at_least(release: tuple[int, int, int]) -> tuple[bool, str]:

@@ -17,13 +17,13 @@ an "Internal Server Error" with no reason):
   original function (FastAPI kept it when the route was declared), so the hook is reached only from SGLang's own
   callers of ``generate_request``: ``/vertex_generate``.
 
-- ``/generate`` before SGLang 0.5.22, which had no API contract for its body: FastAPI parses the body into
-  ``GenerateReqInput`` and drops every key that is not one of its fields, so ``{"text": ..., "max_new_tokens": 8}``
-  (a sampling option outside ``sampling_params``) or a misspelt ``sampling_parms`` was served with the default
-  sampling, and a ``sampling_params`` key ``SamplingParams`` does not take was a ``TypeError`` in the tokenizer
-  manager (HTTP 500). A BEFORE hook on ``TokenizerManager.generate_request`` reads the bytes Starlette kept and refuses
-  both, naming the keys (an error event on a streaming request). From 0.5.22 on SGLang's own contract refuses them,
-  and the plugin's table skips the hook (``Entry.until``).
+- ``/generate`` with keys that are not ``GenerateReqInput`` fields: FastAPI parses the body into that dataclass and
+  drops every other key, so ``{"text": ..., "max_new_tokens": 8}`` (a sampling option outside ``sampling_params``)
+  or a misspelt ``sampling_parms`` was served with the default sampling. SGLang's API contract for ``/generate``
+  (0.5.22 and later) checks ``sampling_params`` only; before it, a ``sampling_params`` key ``SamplingParams`` does
+  not take was a ``TypeError`` in the tokenizer manager (HTTP 500). A BEFORE hook on
+  ``TokenizerManager.generate_request`` reads the bytes Starlette kept and refuses both, naming the keys (an error
+  event on a streaming request).
 
 - ``/v1/detokenize`` with a token id outside the tokenizer's vocabulary: a negative id fails in the tokenizer
   (HTTP 500), one past its end is dropped from the text without a word. An AFTER hook on the route's
@@ -126,12 +126,13 @@ def generate_body_problem(body, fields, sampling_options) -> str | None:
     unknown = [key for key in body if key not in fields]
     count += len(unknown)
     if unknown:
-        misplaced = [key for key in unknown if key in sampling_options]
-        problems.append(
-            f"unrecognized request argument{'s' if len(unknown) > 1 else ''} "
-            + ", ".join(named(key, fields) for key in unknown)
-            + (f" ({', '.join(map(repr, misplaced))}: sampling options go in sampling_params)" if misplaced else "")
-        )
+        names = [
+            f"{key!r} (a sampling option: send it in sampling_params)"
+            if key in sampling_options
+            else named(key, fields)
+            for key in unknown
+        ]
+        problems.append(f"unrecognized request argument{'s' if len(unknown) > 1 else ''} {', '.join(names)}")
     given = body.get("sampling_params")
     for index, options in enumerate(given if isinstance(given, list) else [given]):
         stray = [key for key in options if key not in sampling_options] if isinstance(options, dict) else []

@@ -191,6 +191,9 @@ MATRIX = [
         {"instances": [{"text": PROMPT}], "parameters": {"max_new_tokens": 4}},
         "4xx",
     ),
+    # /generate keys GenerateReqInput drops: served with the default sampling (SGLang's contract checks sampling_params)
+    ("a sampling option outside sampling_params", "/generate", {"text": PROMPT, "max_new_tokens": 4}, "4xx"),
+    ("a misspelt sampling_params", "/generate", {"text": PROMPT, "sampling_parms": {"max_new_tokens": 4}}, "4xx"),
     (
         "Vertex sampling_params with an unknown key",
         "/vertex_generate",
