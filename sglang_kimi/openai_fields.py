@@ -99,8 +99,8 @@ def named(name: str, known) -> str:
 
 
 def unread_fields(model, body: dict) -> str | None:
-    """What is wrong with ``body`` for ``model`` (``CompletionRequest`` / ``ChatCompletionRequest``): the keys
-    SGLang would drop, with hints; None when every key is read. ``body`` already validated as ``model``."""
+    """What is wrong with ``body`` for ``model`` (a request model of ``ROUTES``): the keys SGLang would drop, with
+    hints; None when every key is read. ``body`` already validated as ``model``."""
     candidates = [(name,) for name in body if name not in model.model_fields and not _no_effect(name, body[name])]
     message_fields = _message_fields(model)
     messages = body.get("messages") if message_fields else None

@@ -1,7 +1,7 @@
-"""Bad requests to SGLang's side routes, answered with HTTP 400 naming the problem instead of HTTP 500.
+"""Bad requests to SGLang's routes, answered with HTTP 400 naming the problem instead of HTTP 500 or silence.
 
 In SGLang 0.5.23 these raise an unhandled exception in the HTTP server (the server goes on serving, the client gets
-an "Internal Server Error" with no reason):
+an "Internal Server Error" with no reason), or are served with part of the request dropped:
 
 - ``/parse_function_call`` with a ``tool_call_parser`` SGLang does not have (or none), and ``/separate_reasoning``
   with an unknown ``reasoning_parser``: the parsers' constructors raise ``ValueError``. BEFORE hooks on
@@ -122,9 +122,9 @@ def generate_body_problem(body, fields, sampling_options) -> str | None:
     (``sampling_options``) would not read; None when nothing."""
     if not isinstance(body, dict):
         return None
-    problems, count = [], 0
+    problems = []
     unknown = [key for key in body if key not in fields]
-    count += len(unknown)
+    count = len(unknown)
     if unknown:
         names = [
             f"{key!r} (a sampling option: send it in sampling_params)"
