@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
 import typing
 
@@ -71,10 +72,11 @@ def _models_in(annotation) -> list[type[pydantic.BaseModel]]:
     return [found for arg in typing.get_args(annotation) for found in _models_in(arg)]
 
 
-def _message_fields(model) -> set[str]:
+@functools.cache
+def _message_fields(model) -> frozenset[str]:
     """Every key some message model of ``model.messages`` has (empty for a request without messages)."""
     field = model.model_fields.get("messages")
-    return {name for m in _models_in(field.annotation) for name in m.model_fields} if field else set()
+    return frozenset(name for m in _models_in(field.annotation) for name in m.model_fields) if field else frozenset()
 
 
 def _carries_nothing(value) -> bool:

@@ -37,6 +37,7 @@ catches those behaves as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 from fastapi import HTTPException
@@ -146,22 +147,29 @@ def generate_body_problem(body, fields, sampling_options) -> str | None:
     return f"{'; '.join(problems)}: fix or drop {'them' if count > 1 else 'it'}" if problems else None
 
 
+@functools.cache
+def _generate_keys(request_type: type) -> tuple[frozenset, frozenset]:
+    """The keys a ``/generate`` body may hold: the fields of ``request_type`` (``GenerateReqInput``), and the
+    sampling options ``SamplingParams`` takes (a msgspec Struct: its fields are its constructor's keywords)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    fields = frozenset(field.name for field in dataclasses.fields(request_type))
+    return fields, frozenset(SamplingParams.__struct_fields__)
+
+
 def check_generate_body(manager, obj, request=None, *args, **kwargs):
     """BEFORE ``TokenizerManager.generate_request(self, obj, request)``, for the ``/generate`` route (the OpenAI routes
     pass their own request, whose body is another API's)."""
     path = getattr(getattr(request, "url", None), "path", "") or ""
-    raw = getattr(request, "_body", None)  # the bytes FastAPI parsed the body from, kept by Starlette
-    if not path.endswith("/generate") or not raw:
+    if not path.endswith("/generate"):
         return
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    fields = {field.name for field in dataclasses.fields(obj)}
-    options = set(SamplingParams.__struct_fields__)  # a msgspec Struct: the keywords its constructor takes
-    problem = generate_body_problem(body, fields, options)
+    body = getattr(request, "_json", None)  # the JSON FastAPI parsed the body from, kept by Starlette
+    if body is None:  # a body FastAPI did not read as JSON (no JSON content type): its bytes, if any
+        try:
+            body = json.loads(getattr(request, "_body", None) or "null")
+        except ValueError:
+            return
+    problem = generate_body_problem(body, *_generate_keys(type(obj)))
     if problem is not None:
         raise ValueError(problem)  # SGLang's /generate answers a ValueError with HTTP 400 and its message
 

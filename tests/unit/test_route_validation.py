@@ -82,10 +82,13 @@ def test_vertex_requests_meet_the_generate_contract():
     assert "expected f64" in info.value.detail
 
 
-def raw_generate(body, path="/generate"):
-    """A FastAPI request as ``TokenizerManager.generate_request`` receives it: Starlette kept the body's bytes."""
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return SimpleNamespace(url=SimpleNamespace(path=path), _body=raw)
+def raw_generate(body, path="/generate", json_content_type=True):
+    """A FastAPI request as ``TokenizerManager.generate_request`` receives it: Starlette kept the body's bytes and,
+    for a JSON content type, the JSON FastAPI parsed from them."""
+    request = SimpleNamespace(url=SimpleNamespace(path=path), _body=json.dumps(body).encode())
+    if json_content_type:
+        request._json = body
+    return request
 
 
 @pytest.mark.parametrize(
@@ -104,9 +107,10 @@ def raw_generate(body, path="/generate"):
     ],
 )
 def test_generate_bodies_name_what_would_be_dropped(body, words):
-    with pytest.raises(ValueError) as info:  # SGLang's /generate answers a ValueError with HTTP 400
-        check_generate_body(None, Request(), raw_generate(body))
-    assert all(w in str(info.value) for w in words), str(info.value)
+    for json_content_type in (True, False):
+        with pytest.raises(ValueError) as info:  # SGLang's /generate answers a ValueError with HTTP 400
+            check_generate_body(None, Request(), raw_generate(body, json_content_type=json_content_type))
+        assert all(w in str(info.value) for w in words), str(info.value)
 
 
 def test_generate_bodies_with_known_keys_and_other_routes_pass():
