@@ -1,4 +1,5 @@
-"""Import machinery shared by the CPU import shims in ``shims/``: placeholder submodules on demand."""
+"""Import machinery shared by the import shims in ``shims/``: placeholder submodules on demand, and placeholder
+classes and functions that import but raise when used."""
 
 import importlib.abc
 import importlib.machinery
@@ -37,3 +38,35 @@ def install(package: str, make_getattr: Callable[[str], Callable[[str], object]]
     prefix = package + "."
     if not any(isinstance(f, PlaceholderSubmodules) and f.prefix == prefix for f in sys.meta_path):
         sys.meta_path.append(PlaceholderSubmodules(package, make_getattr))
+
+
+class Unavailable:
+    """Base of a placeholder class: importable and subclassable, raises ``RuntimeError`` when instantiated."""
+
+    _qualname = ""
+    _reason = ""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._qualname} is not available: {self._reason}")
+
+
+class UnavailableFunction:
+    """A placeholder function: raises ``RuntimeError`` naming itself when called."""
+
+    def __init__(self, qualname: str, reason: str):
+        self._qualname = qualname
+        self._reason = reason
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._qualname} is not available: {self._reason}")
+
+    def __repr__(self) -> str:
+        return f"<unavailable {self._qualname}>"
+
+
+def placeholder(qualname: str, reason: str):
+    """A class (for a capitalised name, kept subclassable) or a function that raises ``reason`` when used."""
+    name = qualname.rsplit(".", 1)[-1]
+    if name[:1].isupper():
+        return type(name, (Unavailable,), {"_qualname": qualname, "_reason": reason})
+    return UnavailableFunction(qualname, reason)

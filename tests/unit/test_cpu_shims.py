@@ -39,6 +39,25 @@ def test_torchvision_stub_imports_but_cannot_be_used():
     assert "ERR torchvision.transforms.Resize is not available" in out.stdout
 
 
+def test_flash_mla_stub_lets_sglang_import_its_flashmla_backend_and_refuses_use():
+    # SGLang's EAGLE worker imports FlashMLABackend on CUDA while capturing the drafter's graphs, only to test
+    # isinstance; without the sgl-flash-mla wheel that import failed and the server stopped at start-up
+    out = _run(
+        "from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend\n"
+        "import flash_mla\n"
+        "from flash_mla.flash_mla_interface import FlashMLASchedMeta\n"
+        "print('imported', FlashMLABackend.__name__)\n"
+        "try:\n    flash_mla.fused_norm_rope_attn_rope_cast(1)\nexcept RuntimeError as e:\n    print('ERR', e)\n"
+        "try:\n    FlashMLASchedMeta()\nexcept RuntimeError as e:\n    print('ERR', e)\n"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "imported FlashMLABackend" in out.stdout
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERR")]
+    assert "flash_mla.fused_norm_rope_attn_rope_cast is not available" in errors[0]
+    assert "flash_mla.flash_mla_interface.FlashMLASchedMeta is not available" in errors[1]
+    assert "attention backend other than flashmla" in errors[1]
+
+
 def test_shims_are_not_importable_without_the_cli():
     # without the CLI's path, `sgl_kernel` is the real package (a GPU machine) or missing (this CPU): never the shim
     out = _run(

@@ -29,6 +29,7 @@ def test_wheel_file_list(wheel):
         "sglang_kimi/evals/__init__.py",
         "sglang_kimi/cpu/shims/sgl_kernel/__init__.py",
         "sglang_kimi/cpu/shims/torchvision/__init__.py",
+        "sglang_kimi/cpu/shims/flash_mla/__init__.py",
         "sglang_kimi/assets/tiny-kimi-k2.6/config.json",
         "sglang_kimi/assets/tiny-kimi-k2.6/model.safetensors",
         "sglang_kimi/assets/tiny-kimi-k2.6/tokenizer.json",

@@ -8,7 +8,7 @@ placeholder class that raises when used: image inputs are not supported where th
 
 import enum
 
-from sglang_kimi.cpu.placeholder_modules import install
+from sglang_kimi.cpu.placeholder_modules import install, placeholder
 
 __version__ = "0.0.0+sglang_kimi_import_stub"
 
@@ -23,29 +23,7 @@ class InterpolationMode(enum.Enum):
     LANCZOS = "lanczos"
 
 
-class _Unavailable:
-    _qualname = "torchvision"
-
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError(
-            f"{self._qualname} is not available: sglang-kimi's CPU stub of torchvision only imports "
-            "(image and video inputs are not supported on this machine)"
-        )
-
-
-class _UnavailableFunction:
-    def __init__(self, qualname: str):
-        self._qualname = qualname
-
-    def __call__(self, *args, **kwargs):
-        _Unavailable.__init__(self)
-
-
-def _placeholder(qualname: str):
-    name = qualname.rsplit(".", 1)[-1]
-    if name[:1].isupper():  # a class: keep it subclassable
-        return type(name, (_Unavailable,), {"_qualname": qualname})
-    return _UnavailableFunction(qualname)
+REASON = "sglang-kimi's CPU stub of torchvision only imports (image and video inputs are not supported on this machine)"
 
 
 def _module_getattr(module_name: str):
@@ -54,7 +32,7 @@ def _module_getattr(module_name: str):
             raise AttributeError(name)
         if name == "InterpolationMode":
             return InterpolationMode
-        return _placeholder(f"{module_name}.{name}")
+        return placeholder(f"{module_name}.{name}", REASON)
 
     return __getattr__
 
