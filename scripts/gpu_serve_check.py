@@ -293,12 +293,13 @@ def main(argv=None) -> int:
     references = []
     if opts.reference:
         earlier = json.loads(opts.reference.read_text())
-        if (earlier.get("max_new_tokens"), earlier.get("device"), earlier.get("stand_ins")) != (
-            opts.max_new_tokens,
-            device,
-            applied,
-        ):
-            print(f"--reference {opts.reference}: another device, --max-new-tokens or stand-ins; not used", flush=True)
+        dtype = opts.dtype or "checkpoint (bfloat16)"
+        keys = ("max_new_tokens", "device", "stand_ins", "dtype")
+        if tuple(earlier.get(k) for k in keys) != (opts.max_new_tokens, device, applied, dtype):
+            print(
+                f"--reference {opts.reference}: another device, --max-new-tokens, stand-ins or dtype; not used",
+                flush=True,
+            )
         else:
             references = [dict(r, **{"from": opts.reference.name}) for r in earlier["rows"] if "output_ids" in r]
     has_reference = any(r["config"] == "eager/autoregressive" for r in references)

@@ -45,14 +45,15 @@ def test_unknown_configurations_are_refused(check, tmp_path):
         check.main(["--out", str(tmp_path), "--configs", "eager/medusa"])
 
 
-def test_a_reference_counts_only_from_the_same_device_length_and_stand_ins(check, tmp_path):
+def test_a_reference_counts_only_from_the_same_device_length_stand_ins_and_dtype(check, tmp_path):
     earlier = run_nothing(check, tmp_path / "a", "--configs", "eager/autoregressive")
     earlier["rows"] = [{"config": "eager/autoregressive", "output_ids": [[1, 2, 3]]}]
     same = tmp_path / "same.json"
     same.write_text(json.dumps(earlier))
     rows = run_nothing(check, tmp_path / "b", "--configs", "eager/dflash-chain", "--reference", str(same))["rows"]
     assert [r["config"] for r in rows] == ["eager/dflash-chain"]  # the earlier autoregressive tokens serve
-    for field, value in (("stand_ins", ["cuda-stand-in-moe-triton"]), ("max_new_tokens", 7), ("device", "other")):
+    changed = (("stand_ins", ["cuda-stand-in-moe-triton"]), ("max_new_tokens", 7), ("device", "other"), ("dtype", "float32"))
+    for field, value in changed:
         other = tmp_path / f"{field}.json"
         other.write_text(json.dumps(dict(earlier, **{field: value})))
         rows = run_nothing(check, tmp_path / field, "--configs", "eager/dflash-chain", "--reference", str(other))
