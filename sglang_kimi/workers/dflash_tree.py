@@ -59,6 +59,7 @@ from sglang_kimi.speculators.ddtree import (
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+from sglang_kimi.step_phases import StepPhases, step_phases
 from sglang_kimi.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.workers.sampled_batches import sampled_result_from_rank0
@@ -172,10 +173,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
-        with verify_penalties(batch), exact_step():
-            return self._tree_decode_step(batch, on_publish, grammar_barrier)
+        with verify_penalties(batch), exact_step(), step_phases() as phases:
+            return self._tree_decode_step(batch, on_publish, grammar_barrier, phases)
 
-    def _tree_decode_step(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
+    def _tree_decode_step(self, batch, on_publish, grammar_barrier, phases: StepPhases) -> GenerationBatchResult:
+        phases.enter("plan")
         draft_input = batch.spec_info
         bs = len(batch.seq_lens)
         self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
@@ -209,9 +211,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
         else:
             # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
             draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
-            tree = self._draft_tree(batch, root, prefix_lens, seq_lens_cpu, draft_plan, width)
+            tree = self._draft_tree(batch, root, prefix_lens, seq_lens_cpu, draft_plan, width, phases)
 
         # 2) The tree (or chain), padded to the window.
+        phases.enter("verify_prepare")
         tree = pad_tree(tree, window)
         grammar_tree = (
             GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
@@ -241,9 +244,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        phases.enter("target_forward")
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
         )
+        phases.enter("verify_accept")
         logits_output = target_out.logits_output
         logits = logits_output.next_token_logits  # [bs*N, V]
         sampling_info = batch.sampling_info
@@ -288,6 +293,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             on_publish(new_seq_lens)
 
         # The drafter's context: the committed tokens' target features, at their positions and slots.
+        phases.enter("draft_kv_append")
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH tree verify requires target hidden states, but got None.")
@@ -334,17 +340,23 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
     # ------------------------------------------------------------------------------------------------------------
 
-    def _draft_tree(self, batch, root, prefix_lens, seq_lens_cpu, draft_plan, width: int) -> DraftTree:
+    def _draft_tree(
+        self, batch, root, prefix_lens, seq_lens_cpu, draft_plan, width: int, phases: StepPhases | None = None
+    ) -> DraftTree:
         """The step's draft of width >= 1: the drafter's block, ranked by the target's LM head, as a chain of the
         argmax drafts (chain mode) or a DDTree of ``width`` nodes."""
+        phases = phases or StepPhases()
         bs, block = root.shape[0], self.block_size
+        phases.enter("draft_forward")
         draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
+        phases.enter("draft_rank")
         depth = min(width, block - 1)  # draft positions the step can use
         k = 1 if self.tree_budget is None else width
         ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
         ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
         ranked_ids = ranked_ids.view(bs, depth, -1)
         ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+        phases.enter("tree_build")
         if self.tree_budget is None:
             return build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
         return self._build_tree(root, ranked_lp, ranked_ids, width)
