@@ -13,7 +13,9 @@ and stopped in turn:
   time of those;
 - tau and per-position acceptance from the plugin's metrics in ``/server_info``;
 - the GPU's idle share over ``--profile-steps`` steps of SGLang's torch profiler at ``--profile-concurrency``: the
-  host's part of a step that the device waits on (:func:`gpu_idle_share`).
+  host's part of a step that the device waits on (:func:`gpu_idle_share`); from the same trace, for the plugin's
+  tree worker, each step phase's host milliseconds (``sglang_kimi.step_phases``) and the share of the step spent
+  on the host outside the target forward (the ``host`` column)
 
 The script stops starting servers once less than ``--min-left-s`` of ``--deadline-s`` is left and reports the rest
 as not run; when the first autoregressive server cannot serve, it stops there (every other mode would fail the
@@ -113,6 +115,39 @@ def gpu_idle_share(trace: Path) -> dict:
     return {"gpu_events": len(spans), "window_ms": window / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_share": share}
 
 
+PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.step_phases: the named ranges of a speculative step
+
+
+def step_phases(trace: Path) -> dict:
+    """From a profiler trace of a server whose worker marks its step phases (``sglang_kimi.step_phases``): each
+    phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to first
+    phase start) and the share of the period spent on the host outside the target forward: drafting, tree build,
+    verify bookkeeping. Empty for a worker without phases (SGLang's own)."""
+    opener = gzip.open if trace.suffix == ".gz" else open
+    with opener(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    ranges = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith(PHASE_PREFIX)
+    ]
+    if not ranges:
+        return {}
+    first = min(ranges, key=lambda e: e["ts"])["name"]  # the phase each step opens with
+    starts = sorted(e["ts"] for e in ranges if e["name"] == first)
+    steps = len(starts)
+    per_phase: dict[str, float] = {}
+    for e in ranges:
+        name = e["name"][len(PHASE_PREFIX) :]
+        per_phase[name] = per_phase.get(name, 0.0) + e.get("dur", 0) / 1e3 / steps
+    out = {"steps": steps, "host_ms_per_step": {k: round(v, 4) for k, v in per_phase.items()}}
+    if steps > 1:
+        period = (starts[-1] - starts[0]) / 1e3 / (steps - 1)
+        outside = sum(v for k, v in per_phase.items() if k != "target_forward")
+        out.update(step_ms=round(period, 4), host_share_outside_target_forward=outside / period)
+    return out
+
+
 def _growing(path: Path, interval_s: float = 0.5) -> bool:
     size = path.stat().st_size
     time.sleep(interval_s)
@@ -147,8 +182,8 @@ def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurr
                    for job in jobs)  # fmt: skip
     if not traces:
         raise RuntimeError(f"no trace in {folder} 60 s after /start_profile: fewer than {steps} steps were profiled")
-    return dict(gpu_idle_share(traces[0]), trace=str(traces[0].relative_to(folder.parent)), steps=steps,
-                aborted=len(jobs) - complete)  # fmt: skip
+    return dict(gpu_idle_share(traces[0]), phases=step_phases(traces[0]),
+                trace=str(traces[0].relative_to(folder.parent)), steps=steps, aborted=len(jobs) - complete)  # fmt: skip
 
 
 def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) -> dict:
@@ -208,7 +243,7 @@ def print_table(rows: list[dict], concurrency: list[int]) -> None:
     head = (
         f"{'config':<24}{'ready s':>8}{'tau':>6}  {'= AR':<5}"
         + "".join(f"{f'c={c} tok/s':>12}" for c in concurrency)
-        + f"{'GPU idle':>10}"
+        + f"{'GPU idle':>10}{'host':>8}"
     )
     print("\n" + head)
     for row in rows:
@@ -220,7 +255,9 @@ def print_table(rows: list[dict], concurrency: list[int]) -> None:
         tps = "".join(f"{t['tok_s']:>12.1f}" for t in row["throughput"])
         idle = (row.get("profile") or {}).get("gpu_idle_share")
         idle = "-" if idle is None else f"{idle:.1%}"
-        print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}{idle:>10}")
+        host = ((row.get("profile") or {}).get("phases") or {}).get("host_share_outside_target_forward")
+        host = "-" if host is None else f"{host:.1%}"  # the tree worker's host phases outside the target forward
+        print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}{idle:>10}{host:>8}")
 
 
 def plot(rows: list[dict], path: Path, device: str) -> None:

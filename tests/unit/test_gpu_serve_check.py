@@ -93,3 +93,33 @@ def test_gpu_idle_share_is_the_uncovered_part_of_the_gpu_window(check, tmp_path)
     plain = tmp_path / "cpu.trace.json"
     plain.write_text(json.dumps({"traceEvents": events[3:4]}))
     assert check.gpu_idle_share(plain) == {"gpu_events": 0}
+
+
+def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(check, tmp_path):
+    def phase(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": "sglang_kimi." + name, "ts": ts, "dur": dur}
+
+    events = []
+    for start in (0, 1000, 2000):  # three steps, 1 ms apart (microseconds in the trace)
+        events += [phase("plan", start, 50), phase("draft_forward", start + 50, 150)]
+        events += [phase("target_forward", start + 200, 600), phase("verify_accept", start + 800, 100)]
+    events += [
+        {"ph": "X", "cat": "user_annotation", "name": "scheduler.step", "ts": 0, "dur": 3000},  # not a phase
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "sglang_kimi.plan", "ts": 0, "dur": 999},  # GPU side
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 300, "dur": 400},
+    ]
+    trace = tmp_path / "t.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    result = check.step_phases(trace)
+    assert result["steps"] == 3
+    assert result["host_ms_per_step"] == {
+        "plan": 0.05,
+        "draft_forward": 0.15,
+        "target_forward": 0.6,
+        "verify_accept": 0.1,
+    }
+    assert result["step_ms"] == pytest.approx(1.0)
+    assert result["host_share_outside_target_forward"] == pytest.approx(0.3)  # (0.05 + 0.15 + 0.1) / 1.0
+    other = tmp_path / "chain.trace.json"
+    other.write_text(json.dumps({"traceEvents": events[-3:]}))
+    assert check.step_phases(other) == {}  # SGLang's own worker marks no phases
