@@ -5,6 +5,7 @@ for and writes its trace where the script looks; the profiled requests are then 
 from __future__ import annotations
 
 import pytest
+from spec_common import shared_tree_server
 from support.repo_scripts import load_script
 
 from sglang_kimi.demo import gsm8k_prompt, load_questions
@@ -19,3 +20,22 @@ def test_profile_reads_the_trace_of_the_profiled_steps(tiny_server, tmp_path):
     assert result["gpu_events"] == 0 and result["steps"] == 4
     assert result["aborted"] == 2  # both still decoding when the trace was written
     assert (tmp_path / result["trace"]).is_file()
+    assert result["phases"] == {}  # an autoregressive server: no tree step phases
+
+
+PHASES = {"plan", "draft_forward", "draft_rank", "tree_build", "verify_prepare", "target_forward", "verify_accept",
+          "draft_kv_append"}  # fmt: skip
+
+
+def test_profile_of_the_tree_worker_has_each_step_phase(shared_servers, tmp_path):
+    server = shared_tree_server(shared_servers, "dflash-tree-32")
+    check = load_script("scripts/gpu_serve_check.py")
+    prompts = [gsm8k_prompt(q) for q in load_questions()][:2]
+    result = check.profile(server.base_url, prompts, tmp_path / "profile", 4, 2, check.PROFILE_MAX_NEW_TOKENS)
+    phases = result["phases"]
+    assert set(phases["host_ms_per_step"]) == PHASES
+    assert 1 <= phases["steps"] <= 4  # the decode steps among the profiled ones
+    assert all(ms > 0 for ms in phases["host_ms_per_step"].values())
+    if phases["steps"] > 1:  # the phases happen within the step's period
+        assert sum(phases["host_ms_per_step"].values()) <= phases["step_ms"] * 1.05
+        assert 0 < phases["host_share_outside_target_forward"] < 1

@@ -52,7 +52,12 @@ def test_a_reference_counts_only_from_the_same_device_length_stand_ins_and_dtype
     same.write_text(json.dumps(earlier))
     rows = run_nothing(check, tmp_path / "b", "--configs", "eager/dflash-chain", "--reference", str(same))["rows"]
     assert [r["config"] for r in rows] == ["eager/dflash-chain"]  # the earlier autoregressive tokens serve
-    changed = (("stand_ins", ["cuda-stand-in-moe-triton"]), ("max_new_tokens", 7), ("device", "other"), ("dtype", "float32"))
+    changed = (
+        ("stand_ins", ["cuda-stand-in-moe-triton"]),
+        ("max_new_tokens", 7),
+        ("device", "other"),
+        ("dtype", "float32"),
+    )
     for field, value in changed:
         other = tmp_path / f"{field}.json"
         other.write_text(json.dumps(dict(earlier, **{field: value})))
