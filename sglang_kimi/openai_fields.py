@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import importlib
 import json
 import typing
 
@@ -172,5 +173,13 @@ async def check_openai_fields(original, serving, request, raw_request=None, *arg
     return await original(serving, request, raw_request, *args, **kwargs)
 
 
-def install_openai_fields(target: str):
+def install_openai_fields(target: str) -> str | None:
+    """The AROUND hook on ``target``; skipped where its module does not import, as SGLang's server then serves
+    without that route (it imports the Responses API's module optionally: it needs ``openai_harmony``)."""
+    module = target.rsplit(".", 2)[0]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"{module} does not import here ({exc}), so SGLang serves no route through it"
     hook(target, check_openai_fields, "AROUND")
+    return None

@@ -1,6 +1,7 @@
 """Keys of an OpenAI request body that SGLang's request models would drop: found by validating without each key."""
 
 import copy
+import types
 
 import pytest
 
@@ -101,3 +102,27 @@ def test_read_keys_and_openai_hints_are_served(models, kind, extra):
     before = copy.deepcopy(body)
     assert unread_fields(model, body) is None
     assert body == before  # SGLang's validators edit nested values; the check works on copies
+
+
+def test_the_hook_is_skipped_where_the_route_s_module_does_not_import(monkeypatch):
+    """SGLang imports its Responses API module optionally (it needs openai_harmony) and serves without the route
+    where that fails; the plugin then skips its hook with the reason instead of a hook SGLang cannot apply."""
+    from sglang_kimi import openai_fields
+
+    target = "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses"
+    real_import = openai_fields.importlib.import_module
+
+    def without_harmony(name, *args):
+        if name == "sglang.srt.entrypoints.openai.serving_responses":
+            raise ModuleNotFoundError("No module named 'openai_harmony'")
+        return real_import(name, *args)
+
+    registered = []
+    monkeypatch.setattr(openai_fields, "hook", lambda *a: registered.append(a))
+    monkeypatch.setattr(openai_fields.importlib, "import_module", without_harmony)
+    reason = openai_fields.install_openai_fields(target)
+    assert "serving_responses does not import here (No module named 'openai_harmony')" in reason
+    assert registered == []
+    monkeypatch.setattr(openai_fields.importlib, "import_module", lambda name, *a: types.ModuleType(name))
+    assert openai_fields.install_openai_fields(target) is None  # where it imports, the hook is registered
+    assert [a[0] for a in registered] == [target]
