@@ -70,3 +70,20 @@ def placeholder(qualname: str, reason: str):
     if name[:1].isupper():
         return type(name, (Unavailable,), {"_qualname": qualname, "_reason": reason})
     return UnavailableFunction(qualname, reason)
+
+
+def placeholder_getattr(reason: str, known: dict[str, object] | None = None):
+    """``make_getattr`` for :func:`install` and a shim's own ``__getattr__``: a module's names are ``known``'s, or
+    placeholders that raise ``reason`` when used."""
+
+    def make(module_name: str):
+        def __getattr__(name: str):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            if known and name in known:
+                return known[name]
+            return placeholder(f"{module_name}.{name}", reason)
+
+        return __getattr__
+
+    return make

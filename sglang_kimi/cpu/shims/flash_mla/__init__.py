@@ -6,21 +6,14 @@ module level. Where the wheel is absent this stub lets the import succeed: every
 submodules is a placeholder that raises when used, so the FlashMLA attention backend itself cannot run here.
 """
 
-from sglang_kimi.cpu.placeholder_modules import install, placeholder
+from sglang_kimi.cpu.placeholder_modules import install, placeholder_getattr
 
 __version__ = "0.0.0+sglang_kimi_import_stub"
 
 REASON = "sglang-kimi's stub of flash_mla only imports (use an attention backend other than flashmla on this machine)"
 
 
-def _module_getattr(module_name: str):
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return placeholder(f"{module_name}.{name}", REASON)
-
-    return __getattr__
-
+_module_getattr = placeholder_getattr(REASON)
 
 __getattr__ = _module_getattr("flash_mla")
 

@@ -8,7 +8,7 @@ placeholder class that raises when used: image inputs are not supported where th
 
 import enum
 
-from sglang_kimi.cpu.placeholder_modules import install, placeholder
+from sglang_kimi.cpu.placeholder_modules import install, placeholder_getattr
 
 __version__ = "0.0.0+sglang_kimi_import_stub"
 
@@ -26,16 +26,7 @@ class InterpolationMode(enum.Enum):
 REASON = "sglang-kimi's CPU stub of torchvision only imports (image and video inputs are not supported on this machine)"
 
 
-def _module_getattr(module_name: str):
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name == "InterpolationMode":
-            return InterpolationMode
-        return placeholder(f"{module_name}.{name}", REASON)
-
-    return __getattr__
-
+_module_getattr = placeholder_getattr(REASON, {"InterpolationMode": InterpolationMode})
 
 __getattr__ = _module_getattr("torchvision")
 
