@@ -19,8 +19,9 @@ PREFIX = "sglang_kimi."
 class StepPhases:
     """Consecutive ranges: :meth:`enter` closes the open phase and opens the next; :meth:`close` ends the last."""
 
-    def __init__(self) -> None:
-        self._recording = torch.autograd._profiler_enabled()
+    def __init__(self, recording: bool | None = None) -> None:
+        """``recording``: None to record while a profiler runs; False for a step that records nothing."""
+        self._recording = torch.autograd._profiler_enabled() if recording is None else recording
         self._open = None
 
     def enter(self, phase: str) -> None:
@@ -34,6 +35,9 @@ class StepPhases:
         if self._open is not None:
             self._open.__exit__(None, None, None)
             self._open = None
+
+
+NO_PHASES = StepPhases(recording=False)  # for a draft outside a decode step (the adaptive policy's profile)
 
 
 @contextmanager

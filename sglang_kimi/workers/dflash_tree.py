@@ -59,7 +59,7 @@ from sglang_kimi.speculators.ddtree import (
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
 from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
-from sglang_kimi.step_phases import StepPhases, step_phases
+from sglang_kimi.step_phases import NO_PHASES, StepPhases, step_phases
 from sglang_kimi.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.workers.sampled_batches import sampled_result_from_rank0
@@ -345,7 +345,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
     ) -> DraftTree:
         """The step's draft of width >= 1: the drafter's block, ranked by the target's LM head, as a chain of the
         argmax drafts (chain mode) or a DDTree of ``width`` nodes."""
-        phases = phases or StepPhases()
+        phases = phases or NO_PHASES
         bs, block = root.shape[0], self.block_size
         phases.enter("draft_forward")
         draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]

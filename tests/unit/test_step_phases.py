@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sglang_kimi.step_phases import PREFIX, StepPhases, step_phases
+from sglang_kimi.step_phases import NO_PHASES, PREFIX, StepPhases, step_phases
 
 
 def ranges(prof) -> list:
@@ -42,3 +42,10 @@ def test_nothing_is_recorded_without_a_profiler():
     phases = StepPhases()
     phases.enter("draft")
     assert phases._open is None
+
+
+def test_no_phases_records_nothing_even_under_a_profiler():
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        NO_PHASES.enter("draft_forward")
+        torch.ones(3).sum()
+    assert ranges(prof) == [] and NO_PHASES._open is None
