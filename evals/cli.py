@@ -139,7 +139,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="fail when any generation differs from the baseline's (default: on for greedy decoding, "
-        "off when sampling)",
+        "off when sampling, where it is refused: exact sampling does not reproduce the draws)",
     )
     p.add_argument("--output-dir", help="where gsm8k_gate.json / .md go (default ./sglang-kimi-eval-<time>)")
     return evaluate
@@ -168,6 +168,12 @@ def _gate_config(args: argparse.Namespace):
             raise EvalError(f"{flag} {value}: give 1 or more")
     if not args.temperature >= 0 or math.isinf(args.temperature):
         raise EvalError(f"--temperature {args.temperature}: give 0 (greedy) or a positive temperature")
+    if args.require_identical and args.temperature > 0:
+        raise EvalError(
+            f"--require-identical with --temperature {args.temperature}: two servers that both sample the target's "
+            "distribution exactly still draw different tokens, so generations cannot be required identical when "
+            "sampling; drop --require-identical (the accuracy gate still applies) or decode greedily (--temperature 0)"
+        )
     if not 0 <= args.max_drop < math.inf or not 0 < args.alpha < 1:
         raise EvalError("--max-drop must be >= 0 and --alpha in (0, 1)")
     for flag, seconds in (("--request-timeout", args.request_timeout), ("--launch-timeout", args.launch_timeout)):

@@ -169,6 +169,7 @@ def test_a_server_is_not_compared_with_itself(capsys, data_dir):
         (["--num-fewshot", "-1"], "--num-fewshot -1"),
         (["--temperature", "-0.5"], "--temperature -0.5"),
         (["--temperature", "nan"], "--temperature nan"),
+        (["--temperature", "0.7", "--require-identical"], "--require-identical with --temperature 0.7"),
         (["--max-drop", "inf"], "--max-drop must be >= 0"),
         (["--launch-timeout", "inf"], "--launch-timeout inf: give a number of seconds above 0"),
         (["--request-timeout", "0"], "--request-timeout 0: give a number of seconds above 0"),
