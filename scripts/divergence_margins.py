@@ -103,6 +103,8 @@ def reference_rows(path: Path, result: dict) -> dict[str, dict]:
     rows name (``"<file> <config>"``, looked up next to ``path``)."""
     rows = {f"this run {r['config']}": r for r in result["rows"] if "output_ids" in r}
     for name in {r["reference"].split(" ", 1)[0] for r in result["rows"] if r.get("reference")} - {"this"}:
+        if not (path.parent / name).is_file():
+            raise FileNotFoundError(f"{path.name}'s rows take their reference from {name}, not found next to it")
         other = json.loads((path.parent / name).read_text())
         rows.update({f"{name} {r['config']}": r for r in other["rows"] if "output_ids" in r})
     return rows
@@ -117,10 +119,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
-    result = json.loads(opts.result.read_text())
-    if result.get("max_new_tokens") is None or "rows" not in result:
+    try:
+        result = json.loads(opts.result.read_text())
+    except (OSError, ValueError) as exc:
+        p.error(f"{opts.result}: {exc}")
+    if not isinstance(result, dict) or result.get("max_new_tokens") is None or "rows" not in result:
         p.error(f"{opts.result} is not a JSON of scripts/gpu_serve_check.py (no rows / max_new_tokens)")
-    refs = reference_rows(opts.result, result)
+    try:
+        refs = reference_rows(opts.result, result)
+    except FileNotFoundError as exc:
+        p.error(str(exc))
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = CompactDeepseekV3.from_pretrained(TINY_MODEL, dtype=torch.float64)
     prompts = [tokenizer.encode(gsm8k_prompt(q)) for q in load_questions()]

@@ -62,3 +62,22 @@ def test_gap_at_a_divergence_and_the_departures(margins, model):
     spec_logits = margins.teacher_forced_logits(model, prompt, speculative)
     (dep,) = margins.departures(spec_logits, speculative)  # the forced token only; greedy after it
     assert (dep.position, dep.token, dep.float64_choice) == (k, second, reference[k])
+
+
+def test_inputs_it_cannot_read_are_refused_naming_the_file(margins, tmp_path, capsys):
+    import json
+
+    (tmp_path / "list.json").write_text("[1]")
+    (tmp_path / "text.json").write_text("not json")
+    row = {"config": "eager/dflash-tree-8", "output_ids": [[1]], "reference": "serve-earlier.json eager/autoregressive"}
+    (tmp_path / "run.json").write_text(json.dumps({"max_new_tokens": 1, "rows": [row]}))
+    for name, message in (
+        ("list.json", "is not a JSON of scripts/gpu_serve_check.py"),
+        ("text.json", "text.json: Expecting value"),
+        ("absent.json", "No such file"),
+        ("run.json", "take their reference from serve-earlier.json, not found next to it"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            margins.main([str(tmp_path / name)])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err, name
