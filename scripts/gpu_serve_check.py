@@ -89,14 +89,18 @@ def throughput(base_url: str, prompts: list[str], concurrency: int, max_new_toke
 GPU_EVENT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
-def gpu_idle_share(trace: Path) -> dict:
-    """From a torch profiler trace (Chrome JSON, gzipped or not) of a server decoding: the GPU's busy time (the union
+def trace_events(trace: Path) -> list[dict]:
+    """The events of a torch profiler trace (Chrome JSON, gzipped or not)."""
+    opener = gzip.open if trace.suffix == ".gz" else open
+    with opener(trace, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def gpu_idle_share(events: list[dict]) -> dict:
+    """From a torch profiler trace's events (:func:`trace_events`) of a server decoding: the GPU's busy time (the union
     of its kernel and copy intervals) and the share of the window, first GPU event to last, in which the GPU had
     nothing to run. That idle share is the host's part of a step that the device waits on (drafting, tree build,
     verify bookkeeping, scheduling) whatever overlaps it; 0 for a step bound by the device alone."""
-    opener = gzip.open if trace.suffix == ".gz" else open
-    with opener(trace, "rt") as f:
-        events = json.load(f)["traceEvents"]
     spans = sorted(
         (e["ts"], e["ts"] + e.get("dur", 0))
         for e in events
@@ -118,14 +122,11 @@ def gpu_idle_share(trace: Path) -> dict:
 PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.step_phases: the named ranges of a speculative step
 
 
-def step_phases(trace: Path) -> dict:
-    """From a profiler trace of a server whose worker marks its step phases (``sglang_kimi.step_phases``): each
-    phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to first
-    phase start) and the share of the period spent on the host outside the target forward: drafting, tree build,
-    verify bookkeeping. Empty for a worker without phases (SGLang's own)."""
-    opener = gzip.open if trace.suffix == ".gz" else open
-    with opener(trace, "rt") as f:
-        events = json.load(f)["traceEvents"]
+def step_phases(events: list[dict]) -> dict:
+    """From a profiler trace's events of a server whose worker marks its step phases (``sglang_kimi.step_phases``):
+    each phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to
+    first phase start) and the share of the period spent on the host outside the target forward: drafting, tree
+    build, verify bookkeeping. Empty for a worker without phases (SGLang's own)."""
     ranges = [
         e
         for e in events
@@ -182,8 +183,9 @@ def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurr
                    for job in jobs)  # fmt: skip
     if not traces:
         raise RuntimeError(f"no trace in {folder} 60 s after /start_profile: fewer than {steps} steps were profiled")
-    return dict(gpu_idle_share(traces[0]), phases=step_phases(traces[0]),
-                trace=str(traces[0].relative_to(folder.parent)), steps=steps, aborted=len(jobs) - complete)  # fmt: skip
+    events = trace_events(traces[0])
+    return dict(gpu_idle_share(events), phases=step_phases(events), trace=str(traces[0].relative_to(folder.parent)),
+                steps=steps, aborted=len(jobs) - complete)  # fmt: skip
 
 
 def run_config(name: str, args: list[str], prompts: list[str], opts, out: Path) -> dict:

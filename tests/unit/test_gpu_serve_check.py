@@ -91,13 +91,13 @@ def test_gpu_idle_share_is_the_uncovered_part_of_the_gpu_window(check, tmp_path)
     trace = tmp_path / "t.trace.json.gz"
     with check.gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    result = check.gpu_idle_share(trace)
+    result = check.gpu_idle_share(check.trace_events(trace))
     assert result["gpu_events"] == 4
     assert result["window_ms"] == pytest.approx(0.1) and result["gpu_busy_ms"] == pytest.approx(0.06)
     assert result["gpu_idle_share"] == pytest.approx(0.4)
     plain = tmp_path / "cpu.trace.json"
     plain.write_text(json.dumps({"traceEvents": events[3:4]}))
-    assert check.gpu_idle_share(plain) == {"gpu_events": 0}
+    assert check.gpu_idle_share(check.trace_events(plain)) == {"gpu_events": 0}
 
 
 def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(check, tmp_path):
@@ -115,7 +115,7 @@ def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(chec
     ]
     trace = tmp_path / "t.trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    result = check.step_phases(trace)
+    result = check.step_phases(check.trace_events(trace))
     assert result["steps"] == 3
     assert result["host_ms_per_step"] == {
         "plan": 0.05,
@@ -127,4 +127,4 @@ def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(chec
     assert result["host_share_outside_target_forward"] == pytest.approx(0.3)  # (0.05 + 0.15 + 0.1) / 1.0
     other = tmp_path / "chain.trace.json"
     other.write_text(json.dumps({"traceEvents": events[-3:]}))
-    assert check.step_phases(other) == {}  # SGLang's own worker marks no phases
+    assert check.step_phases(check.trace_events(other)) == {}  # SGLang's own worker marks no phases
