@@ -61,12 +61,17 @@ def teacher_forced_logits(model, prompt_ids: list[int], tokens: list[int]) -> to
     return model(x)[0, len(prompt_ids) - 1 : -1].double()  # [T, vocab]
 
 
+def gap(row: torch.Tensor, better: int, other: int) -> tuple[float, float]:
+    """``row`` [vocab]'s logit of ``better`` minus that of ``other``, and that gap in bfloat16 spacings at the larger
+    of the two logits' magnitudes."""
+    logit_gap = float(row[better] - row[other])
+    return logit_gap, logit_gap / bf16_spacing(max(abs(float(row[better])), abs(float(row[other]))))
+
+
 def departure(logits: torch.Tensor, position: int, token: int) -> Departure:
     row = logits[position]  # [vocab]
     choice = int(row.argmax())
-    gap = float(row[choice] - row[token])
-    spacing = bf16_spacing(max(abs(float(row[choice])), abs(float(row[token]))))
-    return Departure(position, token, choice, gap, gap / spacing)
+    return Departure(position, token, choice, *gap(row, choice, token))
 
 
 def departures(logits: torch.Tensor, tokens: list[int]) -> list[Departure]:
@@ -75,17 +80,16 @@ def departures(logits: torch.Tensor, tokens: list[int]) -> list[Departure]:
     return [departure(logits, i, t) for i, (t, c) in enumerate(zip(tokens, chosen)) if t != c]
 
 
-def explain(model, prompt_ids: list[int], reference: list[int], speculative: list[int]) -> dict | None:
+def explain(logits: torch.Tensor, reference: list[int], speculative: list[int]) -> dict | None:
     """The first position where ``speculative`` leaves ``reference`` (None if it never does) and both tokens' float64
-    logits there."""
+    logits there; ``logits`` [T, vocab]: :func:`teacher_forced_logits` of ``reference`` (``speculative`` has the
+    same tokens before that position)."""
     at = next((i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b), None)
     if at is None:
         return None
-    logits = teacher_forced_logits(model, prompt_ids, reference)  # [T, vocab]; speculative[:at] == reference[:at]
     row = logits[at]
     ref_tok, spec_tok = reference[at], speculative[at]
-    gap = float(row[ref_tok] - row[spec_tok])
-    spacing = bf16_spacing(max(abs(float(row[ref_tok])), abs(float(row[spec_tok]))))
+    logit_gap, spacings = gap(row, ref_tok, spec_tok)
     return {
         "first_different_token": at,
         "reference_token": ref_tok,
@@ -93,8 +97,8 @@ def explain(model, prompt_ids: list[int], reference: list[int], speculative: lis
         "float64_choice": int(row.argmax()),
         "reference_logit": float(row[ref_tok]),
         "speculative_logit": float(row[spec_tok]),
-        "gap": gap,  # > 0: the float64 model prefers the reference's token
-        "gap_bf16_spacings": gap / spacing,
+        "gap": logit_gap,  # > 0: the float64 model prefers the reference's token
+        "gap_bf16_spacings": spacings,
     }
 
 
@@ -134,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [tokenizer.encode(gsm8k_prompt(q)) for q in load_questions()]
 
     print(f"every output against the float64 greedy choice, teacher-forced ({result.get('dtype')} servers):")
-    calibration = {}
+    calibration, logits = {}, {}  # logits[(row name, prompt)]: [T, vocab], read again at that row's divergences
     for name, row in refs.items():
-        found = [
-            departures(teacher_forced_logits(model, prompts[i], ids), ids) for i, ids in enumerate(row["output_ids"])
-        ]
+        for i, ids in enumerate(row["output_ids"]):
+            logits[name, i] = teacher_forced_logits(model, prompts[i], ids)
+        found = [departures(logits[name, i], ids) for i, ids in enumerate(row["output_ids"])]
         flat = [d for per_prompt in found for d in per_prompt]
         calibration[name] = [[asdict(d) for d in per_prompt] for per_prompt in found]
         largest = max((d.gap for d in flat), default=0.0)
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = refs[row["reference"]]
         for d in row["diverged"]:
             i = d["prompt"]
-            found = explain(model, prompts[i], ref["output_ids"][i], row["output_ids"][i])
+            found = explain(logits[row["reference"], i], ref["output_ids"][i], row["output_ids"][i])
             findings.append({"config": row["config"], "prompt": i, "reference": row["reference"], **found})
             print(
                 f"{row['config']}, prompt {i}, token {found['first_different_token']}: "

@@ -49,7 +49,7 @@ def test_gap_at_a_divergence_and_the_departures(margins, model):
     k = 6
     second = int(torch.topk(logits[k], 2).indices[1])
     speculative = reference[:k] + [second] + greedy(model, prompt + reference[:k] + [second], 3)
-    found = margins.explain(model, prompt, reference, speculative)
+    found = margins.explain(logits, reference, speculative)
     assert found["first_different_token"] == k
     assert (found["reference_token"], found["speculative_token"], found["float64_choice"]) == (
         reference[k],
@@ -58,7 +58,7 @@ def test_gap_at_a_divergence_and_the_departures(margins, model):
     )
     top2 = torch.topk(logits[k], 2).values
     assert found["gap"] == pytest.approx(float(top2[0] - top2[1]), rel=1e-9) and found["gap"] > 0
-    assert margins.explain(model, prompt, reference, list(reference)) is None
+    assert margins.explain(logits, reference, list(reference)) is None
     spec_logits = margins.teacher_forced_logits(model, prompt, speculative)
     (dep,) = margins.departures(spec_logits, speculative)  # the forced token only; greedy after it
     assert (dep.position, dep.token, dep.float64_choice) == (k, second, reference[k])
