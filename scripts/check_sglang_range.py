@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Check sglang-kimi against a range of SGLang releases without touching the repo's virtual environment.
 
-For every version X (default 0.5.20 ... 0.5.23) SGLang X is installed with ``pip install --no-deps --target
-<scratch>/sglang-X`` (the wheel from --wheels or from PyPI, kept in <scratch>/wheels) and every step runs in a child
-process with that folder first on ``PYTHONPATH``, so SGLang X shadows the venv's:
+For every version X (default 0.5.20 ... 0.5.23) SGLang X is installed with ``pip install --no-deps --no-compile
+--target <scratch>/sglang-X`` (the wheel from --wheels or from PyPI, kept in <scratch>/wheels; no bytecode compiled
+up front: compiling all of SGLang takes longer than the audit, which imports a fraction of it) and every step runs in
+a child process with that folder first on ``PYTHONPATH``, so SGLang X shadows the venv's:
 
 1. audit: ``sglang-kimi doctor --strict --json``; the version-range line ("sglang X is outside the supported range")
    is dropped from its problem list, every other problem fails the step;
@@ -177,7 +178,7 @@ def install(version: str, scratch: Path, wheel_dirs: list[Path], keep: bool) -> 
             return {"status": "fail", "problems": [f"pip download sglang=={version}: {out.stderr.strip()[-500:]}"]}
     shutil.rmtree(target, ignore_errors=True)
     out = subprocess.run(
-        pip + ["install", "--quiet", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True
+        pip + ["install", "--quiet", "--no-compile", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True
     )
     if out.returncode != 0 or not dist_info.is_dir():
         return {"status": "fail", "problems": [f"pip install --target {target} {wheel.name}: {out.stderr[-500:]}"]}
