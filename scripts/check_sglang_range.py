@@ -178,7 +178,9 @@ def install(version: str, scratch: Path, wheel_dirs: list[Path], keep: bool) -> 
             return {"status": "fail", "problems": [f"pip download sglang=={version}: {out.stderr.strip()[-500:]}"]}
     shutil.rmtree(target, ignore_errors=True)
     out = subprocess.run(
-        pip + ["install", "--quiet", "--no-compile", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True
+        pip + ["install", "--quiet", "--no-compile", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
     )
     if out.returncode != 0 or not dist_info.is_dir():
         return {"status": "fail", "problems": [f"pip install --target {target} {wheel.name}: {out.stderr[-500:]}"]}
