@@ -382,18 +382,18 @@ def test_requests_that_fill_a_small_kv_pool(small_pool_tree_server, tiny_server)
         response = requests.post(server_url + "/generate", json=payload, timeout=600)
         return response.status_code, response.json()
 
+    refs = [run(tiny_server.base_url, case)[1]["output_ids"] for case in requests_]  # greedy: the same each time
     for concurrency in (1, len(requests_)):  # alone, then all at once (the pool runs dry: retraction)
         with ThreadPoolExecutor(concurrency) as pool:
             answers = list(pool.map(lambda c: run(url, c), requests_))
-        for case, (status, out) in zip(requests_, answers):
+        for case, ref, (status, out) in zip(requests_, refs, answers):
             assert status == 200, f"prompt of {len(case[0])} tokens at concurrency {concurrency}: {str(out)[:300]}"
-            ref = run(tiny_server.base_url, case)[1]["output_ids"]
             assert out["output_ids"] == ref[: len(out["output_ids"])], f"prompt of {len(case[0])} tokens"
             if len(out["output_ids"]) < len(ref):
                 assert out["meta_info"]["finish_reason"]["type"] == "length"
                 assert len(case[0]) + len(out["output_ids"]) > SMALL_POOL - 80, "clipped far from the pool's end"
-        for case, (_, out) in zip(short, answers[len(near) :]):
-            assert out["output_ids"] == run(tiny_server.base_url, case)[1]["output_ids"]
+        for ref, (_, out) in zip(refs[len(near) :], answers[len(near) :]):
+            assert out["output_ids"] == ref
     assert serves(url)
 
 
