@@ -1,18 +1,19 @@
 """Speculative settings SGLang cannot serve are refused at start-up, each with one clear error, before weights load.
 
-Every case runs through SGLang's own argument resolution with the plugin loaded (one subprocess for all of them);
-one case also goes through a real `sglang-kimi serve` start to show the server exits with the message before it
-loads the target's weights.
+Every case runs through SGLang's own argument resolution with the plugin loaded (one subprocess for all of them).
+A drafter that does not fit and unusable plugin variables also go through real server starts (side by side) to show
+the server exits with the message before it loads the target's weights.
 """
 
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from drafters import write_dflash, write_eagle3
 
-from sglang_kimi.server import ANY_PORT, TINY_MODEL, LaunchError, sglang_env, start_server
+from sglang_kimi.server import ANY_PORT, TINY_MODEL, LaunchError, ServerProcess, launch_command, sglang_env
 
 pytestmark = pytest.mark.e2e
 
@@ -462,34 +463,72 @@ def test_good_settings_resolve(outcomes):
     assert not refused, refused
 
 
-def test_server_exits_with_the_error_before_loading_weights(drafters, tmp_path):
-    log = tmp_path / "server.log"
-    with pytest.raises(LaunchError) as failure:
-        start_server(dflash(drafters["dflash_vocab"]), port=ANY_PORT, log_path=log, timeout=300)
-    text = log.read_text()
-    assert "vocab_size: drafter has 5000, target has 4096" in str(failure.value)
+FAILED_START_TIMEOUT = 300.0
+
+
+def calibrated_scales(path):
+    from sglang_kimi.models import kv_scales
+
+    layers = {kv_scales.TARGET: {0: kv_scales.LayerScale(mla=True, k_scale=2.0, v_scale=2.0, frozen=True)}}
+    doc = kv_scales.scales_document(layers, kv_scales.RULE, {kv_scales.TARGET: "KimiK25ForConditionalGeneration"})
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def failed_starts(drafters, tmp_path_factory):
+    """Real server starts that must end before the target's weights load: {name: (setting, error, log text)}.
+
+    Started side by side (each is one SGLang launcher importing SGLang, then exiting), as the variables they set
+    are each one server's own environment."""
+    root = tmp_path_factory.mktemp("failed_starts")
+    calibrated = calibrated_scales(root / "calibrated.json")
+    starts = {  # name -> (SGLang arguments, plugin variables)
+        "drafter vocab": (dflash(drafters["dflash_vocab"]), {}),
+        "scales missing.json": ([], {"SGLANG_KIMI_KV_SCALES": str(root / "missing.json")}),
+        "scales dynamc": ([], {"SGLANG_KIMI_KV_SCALES": "dynamc"}),
+        "scales calibrated.json": ([], {"SGLANG_KIMI_KV_SCALES": str(calibrated)}),
+        "misspelt variable": ([], {"SGLANG_KIMI_KV_SCALE": "kv_scales.json"}),
+    }
+
+    def start(name):
+        args, variables = starts[name]
+        spec = launch_command(args, port=ANY_PORT)
+        spec.env.update(variables)
+        log = root / f"{name.replace(' ', '-')}.log"
+        server = ServerProcess(spec, log)
+        try:
+            server.wait_ready(FAILED_START_TIMEOUT)
+        except LaunchError as exc:
+            return exc
+        finally:
+            server.stop()
+        return None
+
+    with ThreadPoolExecutor(len(starts)) as pool:
+        errors = dict(zip(starts, pool.map(start, starts)))
+    return {
+        name: (next(iter(variables.values()), None), errors[name], (root / f"{name.replace(' ', '-')}.log").read_text())
+        for name, (_, variables) in starts.items()
+    }
+
+
+def test_server_exits_with_the_error_before_loading_weights(failed_starts):
+    _, error, text = failed_starts["drafter vocab"]
+    assert error is not None, "the server started"
+    assert "vocab_size: drafter has 5000, target has 4096" in str(error)
     assert "Load weight" not in text and "sglang::scheduler" not in text
     # the message alone, not under a traceback
     assert "sglang-kimi: error: DFLASH drafter does not fit the target model" in text and "Traceback" not in text
 
 
 @pytest.mark.parametrize("value", ["missing.json", "dynamc", "calibrated.json"])
-def test_unusable_kv_scales_end_start_up_before_loading_weights(tmp_path, monkeypatch, value):
+def test_unusable_kv_scales_end_start_up_before_loading_weights(failed_starts, value):
     """SGLANG_KIMI_KV_SCALES naming no usable file: SGLang's processes logged the failed registration and served an
     FP8 KV cache with scale 1.0; the launch now ends with the error, naming the modes and calibrate-kv. A usable
     file with no FP8 KV cache to scale (the CPU server's default dtype) was silently left unused: refused too."""
-    from sglang_kimi.models import kv_scales
-
-    setting = str(tmp_path / value) if value.endswith(".json") else value
-    if value == "calibrated.json":
-        layers = {kv_scales.TARGET: {0: kv_scales.LayerScale(mla=True, k_scale=2.0, v_scale=2.0, frozen=True)}}
-        doc = kv_scales.scales_document(layers, kv_scales.RULE, {kv_scales.TARGET: "KimiK25ForConditionalGeneration"})
-        (tmp_path / value).write_text(json.dumps(doc))
-    monkeypatch.setenv("SGLANG_KIMI_KV_SCALES", setting)
-    log = tmp_path / "server.log"
-    with pytest.raises(LaunchError):
-        start_server([], port=ANY_PORT, log_path=log, timeout=300)
-    text = log.read_text()
+    setting, error, text = failed_starts[f"scales {value}"]
+    assert error is not None, "the server started"
     assert f"sglang-kimi: error: SGLANG_KIMI_KV_SCALES={setting}" in text, text[-2000:]
     if value == "calibrated.json":
         assert "builds no FP8 KV cache" in text and "--kv-cache-dtype fp8_e4m3" in text
@@ -498,13 +537,10 @@ def test_unusable_kv_scales_end_start_up_before_loading_weights(tmp_path, monkey
     assert "Load weight" not in text and "Traceback" not in text
 
 
-def test_a_misspelt_plugin_variable_ends_start_up_before_loading_weights(tmp_path, monkeypatch):
+def test_a_misspelt_plugin_variable_ends_start_up_before_loading_weights(failed_starts):
     """SGLANG_KIMI_KV_SCALE (for SGLANG_KIMI_KV_SCALES) was read as unset: the FP8 cache served with other scales."""
-    monkeypatch.setenv("SGLANG_KIMI_KV_SCALE", "kv_scales.json")
-    log = tmp_path / "server.log"
-    with pytest.raises(LaunchError):
-        start_server([], port=ANY_PORT, log_path=log, timeout=300)
-    text = log.read_text()
+    _, error, text = failed_starts["misspelt variable"]
+    assert error is not None, "the server started"
     assert "sglang-kimi: error: SGLANG_KIMI_KV_SCALE is not a variable" in text, text[-2000:]
     assert "did you mean SGLANG_KIMI_KV_SCALES" in text
     assert "Load weight" not in text and "Traceback" not in text
