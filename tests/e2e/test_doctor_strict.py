@@ -12,16 +12,25 @@ import pytest
 from sglang_kimi import audit, doctor
 
 
-def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tmp_path=None):
-    """`sglang-kimi doctor` in a subprocess; ``sitecustomize`` runs first in it and in doctor's SGLang probe."""
+def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tmp_path=None) -> subprocess.Popen:
+    """`sglang-kimi doctor` started in a subprocess (its output read by :func:`_finished`); ``sitecustomize`` runs
+    first in it and in doctor's SGLang probe."""
     env = dict(os.environ, **(env or {}))
     if sitecustomize is not None:
         (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(sitecustomize))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_kimi.cli", "doctor", *args], env=env, capture_output=True, text=True,
-        timeout=600, cwd=tmp_path,
+    return subprocess.Popen(
+        [sys.executable, "-m", "sglang_kimi.cli", "doctor", *args], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
+
+
+def _finished(run: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
 
 
 # Drifted environments, each a `sitecustomize` run before SGLang is imported; independent problems share a run (one
@@ -62,18 +71,32 @@ NOT_A_DISTRIBUTION = """
 
 
 @pytest.fixture(scope="module")
-def drifted_sglang(tmp_path_factory):
-    """A renamed hook target, an unsupported version, and an allow-list that skips the plugin."""
-    tmp_path = tmp_path_factory.mktemp("drifted_sglang")
-    sitecustomize = textwrap.dedent(OLD_VERSION) + textwrap.dedent(RENAMED_TARGET)
-    return _doctor("--strict", tmp_path=tmp_path, sitecustomize=sitecustomize, env={"SGLANG_PLUGINS": "someone_else"})
+def drifted(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """The doctor runs of the drifted environments, side by side (each one mostly imports SGLang):
+
+    - ``sglang``: a renamed hook target, an unsupported version, and an allow-list that skips the plugin;
+    - ``signature``: a hook target whose keyword was renamed;
+    - ``distribution``: the plugin without its entry point, so never loaded in SGLang's processes."""
+    environments = {
+        "sglang": (textwrap.dedent(OLD_VERSION) + textwrap.dedent(RENAMED_TARGET), {"SGLANG_PLUGINS": "someone_else"}),
+        "signature": (CHANGED_SIGNATURE, None),
+        "distribution": (NOT_A_DISTRIBUTION, None),
+    }
+    runs = {
+        name: _doctor("--strict", tmp_path=tmp_path_factory.mktemp(f"drifted_{name}"), sitecustomize=code, env=env)
+        for name, (code, env) in environments.items()
+    }
+    return {name: _finished(run) for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
-def drifted_signature(tmp_path_factory):
-    """A hook target whose keyword was renamed."""
-    tmp_path = tmp_path_factory.mktemp("drifted_signature")
-    return _doctor("--strict", tmp_path=tmp_path, sitecustomize=CHANGED_SIGNATURE)
+def drifted_sglang(drifted):
+    return drifted["sglang"]
+
+
+@pytest.fixture(scope="module")
+def drifted_signature(drifted):
+    return drifted["signature"]
 
 
 def test_a_renamed_hook_target_fails_the_build(drifted_sglang):
@@ -99,10 +122,9 @@ def test_a_changed_hook_signature_fails_the_build(drifted_signature):
            "['watermark_state']" in drifted_signature.stdout  # fmt: skip
 
 
-def test_a_plugin_not_installed_as_a_distribution_fails(tmp_path):
-    # without its entry point the plugin is never loaded in SGLang's processes: a run of its own
-    out = _doctor("--strict", tmp_path=tmp_path, sitecustomize=NOT_A_DISTRIBUTION)
-    assert out.returncode == 1
+def test_a_plugin_not_installed_as_a_distribution_fails(drifted):
+    out = drifted["distribution"]
+    assert out.returncode == 1, out.stdout[-3000:]
     assert "no `kimi` entry point in the sglang.srt.plugins group: sglang-kimi is not installed as a distribution" \
         in out.stdout  # fmt: skip
 
