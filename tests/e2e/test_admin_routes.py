@@ -73,7 +73,15 @@ def prompts():
 
 
 def outputs(url: str, prompts, max_new_tokens: int = SHORT) -> list[list[int]]:
-    return [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=max_new_tokens, ignore_eos=True)]
+    """The greedy tokens of every prompt, all in flight at once (greedy tokens do not depend on the batch)."""
+    answers = generate_all(url, prompts, len(prompts), max_new_tokens=max_new_tokens, ignore_eos=True)
+    return [o["output_ids"] for o in answers]
+
+
+@pytest.fixture(scope="module")
+def long_reference(tiny_server, prompts) -> list[list[int]]:
+    """The autoregressive server's ``LONG`` greedy tokens of every prompt."""
+    return outputs(tiny_server.base_url, prompts, LONG)
 
 
 def admin(url: str, path: str, payload: dict) -> requests.Response:
@@ -103,9 +111,8 @@ def while_in_flight(url: str, prompts, action) -> list[dict]:
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
-def test_paused_requests_finish_with_the_autoregressive_tokens(tree_server, tiny_server, prompts, mode):
+def test_paused_requests_finish_with_the_autoregressive_tokens(tree_server, long_reference, prompts, mode):
     url = tree_server.base_url
-    expected = outputs(tiny_server.base_url, prompts, LONG)
 
     def pause_then_continue():
         assert admin(url, "/pause_generation", {"mode": mode}).status_code == 200
@@ -114,7 +121,7 @@ def test_paused_requests_finish_with_the_autoregressive_tokens(tree_server, tiny
 
     answers = while_in_flight(url, prompts, pause_then_continue)
     assert [a["meta_info"]["finish_reason"]["type"] for a in answers] == ["length"] * len(prompts)
-    assert [a["output_ids"] for a in answers] == expected
+    assert [a["output_ids"] for a in answers] == long_reference
 
 
 def test_aborted_requests_end_and_the_server_serves_on(tree_server, tiny_server, prompts):
