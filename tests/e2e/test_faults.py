@@ -51,7 +51,7 @@ CONSERVATIVENESS = "0.05"
 
 def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_server):
     prompts = gsm8k_prompts(PRESSURE_PROMPTS)
-    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=PRESSURE_TOKENS)
+    reference = generate_all(tiny_server.base_url, prompts, len(prompts), max_new_tokens=PRESSURE_TOKENS)
     pressure = ["--max-total-tokens", str(POOL_TOKENS), "--schedule-conservativeness", CONSERVATIVENESS]
     server = launch(tmp_path_factory, "kv_pressure", dflash_tree() + pressure)
     try:
@@ -98,7 +98,7 @@ def nan_serve(tmp_path_factory, nan_drafter):
 
 def test_a_nan_drafter_costs_acceptance_only(tiny_server, nan_serve):
     prompts = gsm8k_prompts(4)
-    reference = generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=24)
+    reference = generate_all(tiny_server.base_url, prompts, len(prompts), max_new_tokens=24)
     outputs = generate_all(nan_serve.base_url, prompts, 2, max_new_tokens=24)
     metrics = spec_metrics(nan_serve.base_url)
     assert requests.get(nan_serve.base_url + "/health", timeout=60).status_code == 200
