@@ -98,9 +98,9 @@ def generate_all(url: str, prompts, concurrency: int, **kwargs) -> list[dict]:
 
 
 def greedy_reference(url: str, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """The greedy tokens a (non-speculative) server gives every prompt, one request at a time, and transformers'
-    log-probabilities of them."""
-    outputs = [o["output_ids"] for o in generate_all(url, prompts, 1)]
+    """The greedy tokens a (non-speculative) server gives every prompt, all in flight at once (its greedy tokens do
+    not depend on the batch: ``test_server.py``), and transformers' log-probabilities of them."""
+    outputs = [o["output_ids"] for o in generate_all(url, prompts, len(prompts))]
     return outputs, hf_logprobs(prompts, outputs)
 
 
