@@ -547,18 +547,29 @@ def test_200_concurrent_mixed_requests_with_dropped_streams(spec_server, mixed_p
     assert spec_metrics(url)["steps"] > 0
 
 
-def test_decoding_up_to_the_end_of_the_context(spec_server, tiny_server):
+END_OF_CONTEXT = {
+    "input_ids": [(7 * i) % (VOCAB - 16) + 5 for i in range(CONTEXT - 96)],
+    "sampling_params": {"temperature": 0.0, "ignore_eos": True},
+}  # no max_new_tokens: decoding runs into the end of the context
+
+
+def end_of_context_output(url: str) -> list[int]:
+    response = requests.post(url + "/generate", json=END_OF_CONTEXT, timeout=600)
+    assert response.status_code == 200, response.text[:300]
+    return response.json()["output_ids"]
+
+
+@pytest.fixture(scope="module")
+def end_of_context_reference(tiny_server) -> list[int]:
+    output = end_of_context_output(tiny_server.base_url)
+    assert len(END_OF_CONTEXT["input_ids"]) + len(output) >= CONTEXT - 4, "the request should decode to the end"
+    return output
+
+
+def test_decoding_up_to_the_end_of_the_context(spec_server, end_of_context_reference):
     """A request without ``max_new_tokens`` whose decoding runs into the end of the context. Each speculative step
     reserves KV past the committed length beyond the context: 2 x 33 tokens for the DFLASH tree's verify window, 2 x
     steps x topk = 24 for the EAGLE3 tree (whose row had 12 slots of headroom: the scheduler died). Served with the
     non-speculative server's tokens, up to the context's end, and the server goes on serving."""
-    prompt = [(7 * i) % (VOCAB - 16) + 5 for i in range(CONTEXT - 96)]
-    payload = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "ignore_eos": True}}
-    outputs = []
-    for url in (tiny_server.base_url, spec_server.base_url):
-        response = requests.post(url + "/generate", json=payload, timeout=600)
-        assert response.status_code == 200, response.text[:300]
-        outputs.append(response.json()["output_ids"])
-    assert len(prompt) + len(outputs[0]) >= CONTEXT - 4, "the request should decode to the context's end"
-    assert outputs[1] == outputs[0]
+    assert end_of_context_output(spec_server.base_url) == end_of_context_reference
     assert serves(spec_server.base_url)
