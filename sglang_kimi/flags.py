@@ -49,7 +49,8 @@ def _add_plugin_flags(result, parser):
         metavar="PATH",
         help="Where the cost profile (the start-up profile and, saved once a minute while serving, the real "
         "steps' timings) is kept and reused at the next start (keyed by device, model, drafter and "
-        "parallelism; a profile made for another setup is logged and replaced). Default: one file per setup "
+        "parallelism; a profile made for another setup is logged and replaced; a file that cannot be written is "
+        "refused at start-up). Default: one file per setup "
         "under $XDG_CACHE_HOME/sglang-kimi/cost-profiles (~/.cache when unset).",
     )
     return result

@@ -5,7 +5,9 @@ A profile is valid only for the setup it was measured on; its ``key`` records th
 (paths and the digest of their ``config.json``), the parallelism, the dtype, the attention backend and the widths
 and buckets profiled. A file whose key differs from this server's (another GPU, model, TP size, ...) is *stale*:
 the server logs one line naming what differs and profiles afresh, overwriting the file. A file that cannot be
-parsed is treated the same way (it is only a cache); one that cannot be written is a warning, not an error.
+parsed is treated the same way (it is only a cache). The default file (in the cache folder) that cannot be written
+is a warning, not an error; a file named with ``--speculative-kimi-adaptive-profile`` is checked at start-up
+(:func:`unwritable`), and one that cannot be written is refused there.
 
 Format (``format: sglang-kimi-cost-profile/1``)::
 
@@ -70,6 +72,25 @@ def default_profile_path(key: Mapping) -> Path:
     root = cache_dir() / "cost-profiles"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{digest}.json"
+
+
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot hold the profile (its folder is created as :func:`write_profile` would, and a file is
+    created there and removed: file modes alone miss read-only mounts and running as root); None when it can."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        return f"{file} is a folder: name a file in it (e.g. {file / 'profile.json'})"
+    existing = next(p for p in file.parents if p.exists())
+    if not existing.is_dir():
+        return f"{file} cannot be written: {existing} is a file, not a folder"
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        probe = file.parent / f".{file.name}.probe{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return f"{file} cannot be written ({e.strerror or e})"
+    return None
 
 
 def _differences(saved: Mapping, wanted: Mapping) -> list[str]:

@@ -129,6 +129,9 @@ def _truncate(folder):
     return folder
 
 
+PROFILE_FLAG = "--speculative-kimi-adaptive-profile"
+
+
 def adaptive(config=None, *extra):
     return [
         "--speculative-kimi-adaptive",
@@ -386,6 +389,11 @@ def cases(d):
         ),
         (dflash(d["dflash"], *adaptive(d["adaptive_explore"])), ["'explore_every' must be >= 2"]),
         (dflash(d["dflash"], *adaptive(d["adaptive_type"])), ["'hysteresis' must be a number", "5%"]),
+        (  # a cost-profile file that cannot be written: profiled at every start, kept nowhere
+            dflash(d["dflash"], *adaptive(None, PROFILE_FLAG, str(d["adaptive"] / "profile.json"))),
+            [PROFILE_FLAG, "adaptive.json is a file, not a folder", "drop the flag"],
+        ),
+        (eagle3(d["eagle3"], *adaptive(None, PROFILE_FLAG, str(d["adaptive"].parent))), ["is a folder: name a file"]),
         (dflash(d["dflash"], "--page-size", "16", *adaptive()), ["--page-size 1"]),
         (
             eagle3(
@@ -435,6 +443,7 @@ def good_settings(drafters) -> list[list[str]]:
          "kimi_cpu"],
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+        dflash(drafters["dflash"], *adaptive(None, PROFILE_FLAG, str(drafters["adaptive"].parent / "new" / "p.json"))),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
                "--speculative-adaptive", *adaptive()),

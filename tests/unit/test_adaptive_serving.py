@@ -16,7 +16,7 @@ from sglang_kimi.adaptive.config import (
     load_adaptive_config,
     resolve_widths,
 )
-from sglang_kimi.adaptive.profile import FORMAT, load_or_measure, read_profile, write_profile
+from sglang_kimi.adaptive.profile import FORMAT, load_or_measure, read_profile, unwritable, write_profile
 from sglang_kimi.adaptive.runtime import AdaptiveRuntime
 from sglang_kimi.options import SpeculativeConfigError
 from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, WidthPolicy
@@ -124,6 +124,19 @@ def test_a_stale_or_corrupt_profile_is_measured_afresh_and_replaced(tmp_path, ca
     path.write_text("{not json")
     _, _, measured = load_or_measure(str(path), KEY, [1, 4], [0, 1], step)
     assert measured and read_profile(path, KEY) is not None
+
+
+def test_a_profile_file_that_cannot_be_written_is_named(tmp_path):
+    """The start-up check of a --speculative-kimi-adaptive-profile file: a folder, a path under a file and a path on
+    a read-only mount are refused with the reason; a new file in a new folder is fine and the check leaves nothing
+    in it but the folder."""
+    assert unwritable(tmp_path / "new" / "deeper" / "profile.json") is None
+    assert [p.name for p in (tmp_path / "new" / "deeper").iterdir()] == []
+    assert "is a folder: name a file in it" in unwritable(tmp_path)
+    (tmp_path / "file").write_text("")
+    assert f"{tmp_path / 'file'} is a file, not a folder" in unwritable(tmp_path / "file" / "sub" / "profile.json")
+    assert "cannot be written" in unwritable("/proc/sglang-kimi-profile.json")  # root is refused there too
+    write_profile(tmp_path / "file" / "profile.json", KEY, {1: {0: 0.01}})  # the serving side only warns
 
 
 def test_the_real_steps_costs_are_saved_and_a_restart_starts_from_them(tmp_path):
