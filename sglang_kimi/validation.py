@@ -420,6 +420,27 @@ def _check_unused_speculative_flags(server_args, algorithm: str | None) -> None:
     )
 
 
+def _check_dflash_eagle_flags(cfg) -> None:
+    """EAGLE's draft-shape flags with DFLASH: SGLang drafts a DFLASH block in one forward and overrides
+    ``--speculative-num-steps`` and ``--speculative-eagle-topk`` to 1 with a log warning, so a tree asked for the
+    EAGLE way was served as a chain."""
+    given = [
+        f"{flag} {value}"
+        for flag, value in (
+            ("--speculative-num-steps", cfg.speculative_num_steps),
+            ("--speculative-eagle-topk", cfg.speculative_eagle_topk),
+        )
+        if value is not None and int(value) != 1
+    ]
+    if given:
+        raise SpeculativeConfigError(
+            f"{' and '.join(given)} do{'es' if len(given) == 1 else ''} not apply to --speculative-algorithm DFLASH, "
+            "which drafts its whole block (--speculative-num-draft-tokens) in one forward: SGLang would set "
+            f"{'it' if len(given) == 1 else 'them'} to 1 and serve a chain. For DFLASH draft trees pass "
+            f"{TREE_BUDGET_FLAG} N; otherwise drop {'it' if len(given) == 1 else 'them'}"
+        )
+
+
 def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
     """SGLang's relaxed acceptance (``--speculative-accept-threshold-single/-acc`` below 1) runs only in its CUDA
     tree-sampling kernel. Refused where it would not be what was asked: DFLASH draft trees and adaptive DFLASH (the
@@ -499,6 +520,8 @@ def _resolve_speculative(original, server_args):
     drafter = None
     if algorithm in ("EAGLE", "EAGLE3") and not args.adaptive and not getattr(cfg, "speculative_adaptive", False):
         _check_eagle_shape(cfg, algorithm)
+    if algorithm == "DFLASH":
+        _check_dflash_eagle_flags(cfg)
     if algorithm in ("DFLASH", "EAGLE3"):
         drafter_checks.check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = drafter_checks.check_pair(cfg, algorithm)

@@ -389,6 +389,14 @@ def cases(d):
         ),
         (dflash(d["dflash"], *adaptive(d["adaptive_explore"])), ["'explore_every' must be >= 2"]),
         (dflash(d["dflash"], *adaptive(d["adaptive_type"])), ["'hysteresis' must be a number", "5%"]),
+        (  # EAGLE's tree flags: SGLang overrode them to 1 with a warning and served a chain
+            dflash(d["dflash"], "--speculative-eagle-topk", "4"),
+            ["--speculative-eagle-topk 4 does not apply to --speculative-algorithm DFLASH", "tree-budget N"],
+        ),
+        (
+            dflash(d["dflash"], "--speculative-num-steps", "3", "--speculative-eagle-topk", "2"),
+            ["--speculative-num-steps 3 and --speculative-eagle-topk 2 do not apply", "drop them"],
+        ),
         (  # a cost-profile file that cannot be written: profiled at every start, kept nowhere
             dflash(d["dflash"], *adaptive(None, PROFILE_FLAG, str(d["adaptive"] / "profile.json"))),
             [PROFILE_FLAG, "adaptive.json is a file, not a folder", "drop the flag"],
@@ -443,6 +451,7 @@ def good_settings(drafters) -> list[list[str]]:
          "kimi_cpu"],
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+        dflash(drafters["dflash"], "--speculative-num-steps", "1", "--speculative-eagle-topk", "1"),  # what SGLang sets
         dflash(drafters["dflash"], *adaptive(None, PROFILE_FLAG, str(drafters["adaptive"].parent / "new" / "p.json"))),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",

@@ -34,6 +34,21 @@ def test_an_eagle_tree_verifies_at_most_its_candidates_and_the_verified_token(st
     assert f"--speculative-num-draft-tokens is {candidates + 2}: use at most {candidates + 1}" in message
 
 
+@pytest.mark.parametrize(
+    "steps, topk, named",
+    [(None, 4, ["--speculative-eagle-topk 4 does not"]), (5, 1, ["--speculative-num-steps 5 does not"]),
+     (3, 2, ["--speculative-num-steps 3 and --speculative-eagle-topk 2 do not", "drop them"])],
+)  # fmt: skip
+def test_eagle_tree_flags_with_dflash_name_the_tree_budget(steps, topk, named):
+    """SGLang set them to 1 with a warning and served a DFLASH chain; 1 (or nothing) is what SGLang serves."""
+    for served in ((None, None), (1, 1), (1, None)):
+        validation._check_dflash_eagle_flags(eagle_shape(*served, None))
+    with pytest.raises(SpeculativeConfigError) as refused:
+        validation._check_dflash_eagle_flags(eagle_shape(steps, topk, None))
+    message = str(refused.value)
+    assert all(words in message for words in named) and "--speculative-dflash-tree-budget N" in message, message
+
+
 def test_an_eagle_chain_is_left_to_sglang():
     """With top-k 1 SGLang sets the draft tokens to steps + 1 itself, whatever was given."""
     validation._check_eagle_shape(eagle_shape(3, 1, 100), "EAGLE3")
