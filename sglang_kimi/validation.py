@@ -57,14 +57,13 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             f"{'it' if one else 'them'}"
         )
     if args.adaptive_profile:
-        from sglang_kimi.adaptive.config import cache_dir
-        from sglang_kimi.adaptive.profile import unwritable
+        from sglang_kimi.adaptive.profile import default_profile_folder, unwritable
 
         problem = unwritable(args.adaptive_profile)
         if problem:
             raise SpeculativeConfigError(
                 f"{ADAPTIVE_PROFILE_FLAG}: {problem}; every start would profile again and keep nothing: pass a "
-                f"file in a writable folder, or drop the flag for the default folder ({cache_dir() / 'cost-profiles'})"
+                f"file in a writable folder, or drop the flag for the default folder ({default_profile_folder()})"
             )
     if algorithm == "EAGLE3":
         _check_adaptive_eagle(cfg)

@@ -68,10 +68,14 @@ def device_name(device) -> str:
     return f"cpu:{model or 'unknown'}:{torch.get_num_threads()} threads"
 
 
+def default_profile_folder() -> Path:
+    """Where profiles are kept without ``--speculative-kimi-adaptive-profile``: one file per setup."""
+    return cache_dir() / "cost-profiles"
+
+
 def default_profile_path(key: Mapping) -> Path:
-    root = cache_dir() / "cost-profiles"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return root / f"{digest}.json"
+    return default_profile_folder() / f"{digest}.json"
 
 
 def unwritable(path: str | os.PathLike) -> str | None:
