@@ -495,7 +495,8 @@ def calibrated_scales(path):
 
 @pytest.fixture(scope="module")
 def failed_starts(drafters, tmp_path_factory):
-    """Real server starts that must end before the target's weights load: {name: (setting, error, log text)}.
+    """Real server starts that must end before the target's weights load: {name: (plugin variables, error, log
+    text)}, the error None where the server started.
 
     Started side by side (each is one SGLang launcher importing SGLang, then exiting), as the variables they set
     are each one server's own environment."""
@@ -515,20 +516,17 @@ def failed_starts(drafters, tmp_path_factory):
         spec.env.update(variables)
         log = root / f"{name.replace(' ', '-')}.log"
         server = ServerProcess(spec, log)
+        error = None
         try:
             server.wait_ready(FAILED_START_TIMEOUT)
         except LaunchError as exc:
-            return exc
+            error = exc
         finally:
             server.stop()
-        return None
+        return variables, error, log.read_text()
 
     with ThreadPoolExecutor(len(starts)) as pool:
-        errors = dict(zip(starts, pool.map(start, starts)))
-    return {
-        name: (next(iter(variables.values()), None), errors[name], (root / f"{name.replace(' ', '-')}.log").read_text())
-        for name, (_, variables) in starts.items()
-    }
+        return dict(zip(starts, pool.map(start, starts)))
 
 
 def test_server_exits_with_the_error_before_loading_weights(failed_starts):
@@ -545,7 +543,8 @@ def test_unusable_kv_scales_end_start_up_before_loading_weights(failed_starts, v
     """SGLANG_KIMI_KV_SCALES naming no usable file: SGLang's processes logged the failed registration and served an
     FP8 KV cache with scale 1.0; the launch now ends with the error, naming the modes and calibrate-kv. A usable
     file with no FP8 KV cache to scale (the CPU server's default dtype) was silently left unused: refused too."""
-    setting, error, text = failed_starts[f"scales {value}"]
+    variables, error, text = failed_starts[f"scales {value}"]
+    setting = variables["SGLANG_KIMI_KV_SCALES"]
     assert error is not None, "the server started"
     assert f"sglang-kimi: error: SGLANG_KIMI_KV_SCALES={setting}" in text, text[-2000:]
     if value == "calibrated.json":
