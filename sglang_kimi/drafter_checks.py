@@ -173,3 +173,98 @@ def check_pair(cfg, algorithm: str):
         logger.warning("sglang-kimi: %s", message)
     check_drafter_tensors(cfg, drafter)
     return drafter
+
+
+# SGLang's algorithms that draft with something other than a DFLASH or EAGLE3 drafter checkpoint: the target's own
+# MTP layers (EAGLE, and NEXTN, its alias, without a drafter), an EAGLE-1/2 head, a separate small model
+# (STANDALONE), a Gemma 4 assistant (FROZEN_KV_MTP), a DSpark drafter
+OTHER_DRAFTING_ALGORITHMS = ("EAGLE", "NEXTN", "STANDALONE", "FROZEN_KV_MTP", "DSPARK")
+
+
+def _kimi_drafters() -> str:
+    from sglang_kimi.speculators.pairing import DRAFTER_EXAMPLES
+
+    return " or ".join(
+        f"--speculative-algorithm {name} --speculative-draft-model-path {example}"
+        for name, example in DRAFTER_EXAMPLES.items()
+    )
+
+
+def _text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+# targets SGLang has no MTP (NextN) drafter model for: EAGLE without a drafter would run the whole target as one
+NO_MTP_DRAFTER_ARCHITECTURES = ("KimiK25ForConditionalGeneration",)
+
+
+def _check_missing_drafter(cfg, algorithm: str) -> None:
+    """An algorithm given no drafter: where SGLang would build its drafter from the target checkpoint itself."""
+    if algorithm in ("EAGLE", "NEXTN"):
+        target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
+        layers = getattr(_text_config(target), "num_nextn_predict_layers", None) or 0
+        wrapper = [a for a in _architectures(target) if a in NO_MTP_DRAFTER_ARCHITECTURES]
+        if layers == 0 or wrapper:
+            why = (
+                "has none (num_nextn_predict_layers 0)"
+                if layers == 0
+                else f"is a {wrapper[0]}, which SGLang has no MTP drafter model for"
+            )
+            raise SpeculativeConfigError(
+                f"--speculative-algorithm {algorithm} without --speculative-draft-model-path drafts with the "
+                f"target's own MTP (NextN) layers: {cfg.model_path} {why}, so SGLang would build the drafter from "
+                f"the whole target checkpoint. Pass a drafter: {_kimi_drafters()}"
+            )
+    elif algorithm == "STANDALONE":
+        raise SpeculativeConfigError(
+            "--speculative-algorithm STANDALONE drafts with a separate, smaller model that shares the target's "
+            "tokenizer, and --speculative-draft-model-path is not given: SGLang would load the target a second time "
+            f"as its own drafter, which cannot be faster than no speculation. Pass that model, or {_kimi_drafters()}"
+        )
+    elif algorithm == "FROZEN_KV_MTP":
+        raise SpeculativeConfigError(
+            "--speculative-algorithm FROZEN_KV_MTP drafts with a Gemma 4 assistant checkpoint, and "
+            "--speculative-draft-model-path is not given (SGLang picks this algorithm itself when EAGLE or NEXTN is "
+            f"given such a drafter). For Kimi: {_kimi_drafters()}"
+        )
+
+
+def check_other_drafter(cfg, algorithm: str) -> None:
+    """The drafter of an algorithm in :data:`OTHER_DRAFTING_ALGORITHMS`. Refused: no drafter where SGLang would take
+    the target itself; a DFLASH or EAGLE3 drafter, which only its own algorithm runs the way it was trained (EAGLE
+    serves an EAGLE3 drafter with nearly every draft rejected; EAGLE with a DFLASH drafter and STANDALONE with an
+    EAGLE3 one fail at start-up or at the first request); a STANDALONE drafter whose vocabulary differs from the
+    target's."""
+    from sglang_kimi.speculators.configs import DrafterConfigError, drafter_algorithm
+    from sglang_kimi.speculators.pairing import indefinite_article
+
+    path = cfg.speculative_draft_model_path
+    if path is None:
+        _check_missing_drafter(cfg, algorithm)
+        return
+    check_draft_path(path, algorithm)
+    draft = load_config(
+        path, cfg.trust_remote_code, cfg.speculative_draft_model_revision, flag="--speculative-draft-model-path"
+    )
+    try:
+        kind = drafter_algorithm(draft)
+    except DrafterConfigError:
+        kind = None  # not a DFLASH or EAGLE3 drafter: the algorithm's own kind of checkpoint
+    if kind is not None:
+        what = f"{indefinite_article(kind)} {kind} drafter (architectures {_architectures(draft)})"
+        raise SpeculativeConfigError(
+            f"--speculative-draft-model-path {path} is {what}, "
+            f"which --speculative-algorithm {algorithm} does not run the way it was trained (SGLang serves it with "
+            f"nearly every draft rejected, or fails at start-up or at the first request): pass "
+            f"--speculative-algorithm {kind}"
+        )
+    if algorithm == "STANDALONE":
+        target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
+        ours = getattr(_text_config(target), "vocab_size", None)
+        theirs = getattr(_text_config(draft), "vocab_size", None)
+        if ours is not None and theirs is not None and ours != theirs:
+            raise SpeculativeConfigError(
+                f"--speculative-draft-model-path {path} has a vocabulary of {theirs} tokens and the target "
+                f"{cfg.model_path} one of {ours}: a STANDALONE drafter proposes the target's token ids, so it must "
+                "share the target's tokenizer: pass such a model"
+            )

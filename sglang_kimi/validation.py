@@ -202,6 +202,10 @@ def _check_tree_budget(budget: int, algorithm: str | None) -> None:
         )
 
 
+# the algorithms SGLang drafts with EAGLE's worker, shaped by --speculative-num-steps / -eagle-topk / -num-draft-tokens
+EAGLE_SHAPED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+
+
 def _check_eagle_shape(cfg, algorithm: str) -> None:
     """The EAGLE draft shape flags: none of them (SGLang picks), or steps with a top-k (and, for a tree, the draft
     tokens), each a count in the range SGLang can lay out. SGLang 0.5.23 dies on the other mixes with a bare
@@ -517,13 +521,15 @@ def _resolve_speculative(original, server_args):
             DEBUG_GREEDY_VERIFY_ENV,
         )
     drafter = None
-    if algorithm in ("EAGLE", "EAGLE3") and not args.adaptive and not getattr(cfg, "speculative_adaptive", False):
+    if algorithm in EAGLE_SHAPED_ALGORITHMS and not args.adaptive and not getattr(cfg, "speculative_adaptive", False):
         _check_eagle_shape(cfg, algorithm)
     if algorithm == "DFLASH":
         _check_dflash_eagle_flags(cfg)
     if algorithm in ("DFLASH", "EAGLE3"):
         drafter_checks.check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = drafter_checks.check_pair(cfg, algorithm)
+    if algorithm in drafter_checks.OTHER_DRAFTING_ALGORITHMS:
+        drafter_checks.check_other_drafter(cfg, algorithm)
     if algorithm == "NGRAM" and cfg.speculative_draft_model_path:
         raise SpeculativeConfigError(
             f"--speculative-algorithm NGRAM drafts from n-grams of the request itself and loads no drafter, but "
@@ -534,7 +540,12 @@ def _resolve_speculative(original, server_args):
     if args.adaptive and algorithm == "EAGLE3":
         _prepare_adaptive_eagle(server_args, cfg, args, adaptive)
 
-    original(server_args)
+    try:
+        original(server_args)
+    except ValueError as e:  # SGLang's own refusal of a setting, printed alone like the plugin's
+        if isinstance(e, _startup_error_types()):
+            raise
+        raise SpeculativeConfigError(f"SGLang refused the speculative settings: {e}") from e
 
     if args.dflash_tree_budget is not None:
         cfg = resolving_view(server_args)

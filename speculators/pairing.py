@@ -113,7 +113,7 @@ _ARCHS = {DFLASH: DFLASH_ARCHITECTURES, EAGLE3: EAGLE3_ARCHITECTURES}
 DRAFTER_EXAMPLES = {DFLASH: "z-lab/Kimi-K2.5-DFlash", EAGLE3: "lightseekorg/kimi-k2.5-eagle3"}
 
 
-def _article(name: str) -> str:
+def indefinite_article(name: str) -> str:
     """The indefinite article before an algorithm's name as it is read out: "an EAGLE3", "a DFLASH"."""
     return "an" if name[:1].upper() in "AEIOU" else "a"
 
@@ -125,8 +125,8 @@ def _check_vocab(algorithm: str, cfg: Any, target: TargetInfo, problems: list[Mi
                 "vocab_size",
                 cfg.vocab_size,
                 target.vocab_size,
-                f"use {_article(algorithm)} {algorithm} drafter trained for this target (its vocab_size must equal the "
-                f"target's {target.vocab_size}); the drafter is for a different tokenizer",
+                f"use {indefinite_article(algorithm)} {algorithm} drafter trained for this target (its vocab_size "
+                f"must equal the target's {target.vocab_size}); the drafter is for a different tokenizer",
             )
         )
 
@@ -281,7 +281,7 @@ def validate_pair(
         archs = list(getattr(parse_drafter_config(draft_config), "architectures", ()))
         wanted = expected_algorithm.upper()
         hint = (
-            f"point --speculative-draft-model-path at {_article(wanted)} {wanted} drafter (architectures "
+            f"point --speculative-draft-model-path at {indefinite_article(wanted)} {wanted} drafter (architectures "
             f"{list(_ARCHS[wanted])}, e.g. {DRAFTER_EXAMPLES[wanted]})"
             if wanted in _ARCHS
             else f"use one of {sorted(_ARCHS)}"

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from drafters import write_dflash, write_eagle3
@@ -79,6 +80,11 @@ def drafters(tmp_path_factory):
         # read as published: model. prefixes, layers.0. for EAGLE3's midlayer, an extra tensor (warned)
         "dflash_prefixed": _edit_tensors(write_dflash(root / "dflash_prefixed", block_size=8), rename=("", "model.")),
         "eagle3_layers0": _edit_tensors(write_eagle3(root / "eagle3_layers0"), rename=("midlayer.", "model.layers.0.")),
+        # a small model of another vocabulary, as a STANDALONE drafter (its config is all resolution reads)
+        "standalone_vocab": _other_vocab(root / "standalone_vocab"),
+        # targets with one MTP layer: in Kimi's wrapper (SGLang has no MTP drafter model for it) and as DeepSeek-V3
+        "mtp_wrapper": _mtp_target(root / "mtp_wrapper", flat=False),
+        "mtp_deepseek": _mtp_target(root / "mtp_deepseek", flat=True),
         "adaptive": _write(root / "adaptive.json", json.dumps({"widths": [0, 1, 3], "explore_every": 10})),
         "adaptive_bad_json": _write(root / "adaptive_bad.json", '{"widths": [0, 1,'),
         "adaptive_unknown": _write(root / "adaptive_unknown.json", json.dumps({"width": [0, 1]})),
@@ -87,6 +93,22 @@ def drafters(tmp_path_factory):
         "adaptive_type": _write(root / "adaptive_type.json", json.dumps({"hysteresis": "5%"})),
         "adaptive_zero": _write(root / "adaptive_zero.json", json.dumps({"widths": [0]})),
     }
+
+
+def _other_vocab(folder):
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    config["text_config"]["vocab_size"] = 5000
+    folder.mkdir()
+    return _write_in(folder, "config.json", json.dumps(config))
+
+
+def _mtp_target(folder, flat):
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    config["text_config"]["num_nextn_predict_layers"] = 1
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        (folder / name).symlink_to(TINY_MODEL / name)
+    return _write_in(folder, "config.json", json.dumps(config["text_config"] if flat else config))
 
 
 def _write(path, text):
@@ -165,6 +187,39 @@ def eagle3(path, *extra, backend="kimi_cpu"):
 
 
 EAGLE3_CHAIN = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+
+
+def other(algorithm, path=None, *extra):
+    """SGLang's algorithms that draft with something other than a DFLASH or EAGLE3 drafter."""
+    drafter = ["--speculative-draft-model-path", str(path)] if path else []
+    return ["--speculative-algorithm", algorithm, *drafter, "--attention-backend", "kimi_cpu", *extra]
+
+
+def other_drafter_cases(d):
+    """Before these refusals: EAGLE served an EAGLE3 drafter at tau 1.0, STANDALONE with one ended the scheduler at
+    the first request, and the rest died at start-up with a bare TypeError, AttributeError or AssertionError (or,
+    on a GPU, loaded the target a second time as its own drafter)."""
+    return [
+        (other("NEXTN"), ["NEXTN without --speculative-draft-model-path", "num_nextn_predict_layers 0", "EAGLE3"]),
+        (
+            ["--model-path", str(d["mtp_wrapper"]), *other("NEXTN")],
+            ["is a KimiK25ForConditionalGeneration, which SGLang has no MTP drafter model for"],
+        ),
+        (other("EAGLE", None, *EAGLE3_CHAIN), ["EAGLE without --speculative-draft-model-path", "MTP"]),
+        (other("EAGLE", d["eagle3"], *EAGLE3_CHAIN), ["is an EAGLE3 drafter", "pass --speculative-algorithm EAGLE3"]),
+        (other("NEXTN", d["dflash"]), ["is a DFLASH drafter", "pass --speculative-algorithm DFLASH"]),
+        (other("STANDALONE"), ["STANDALONE drafts with a separate, smaller model", "--speculative-draft-model-path"]),
+        (other("STANDALONE", d["eagle3"], *EAGLE3_CHAIN), ["is an EAGLE3 drafter", "--speculative-algorithm EAGLE3"]),
+        (other("STANDALONE", d["standalone_vocab"]), ["vocabulary of 5000 tokens", "one of 4096"]),
+        (
+            other("STANDALONE", TINY_MODEL, "--speculative-num-steps", "3"),
+            ["STANDALONE with --speculative-num-steps 3 but no --speculative-eagle-topk"],
+        ),
+        (other("FROZEN_KV_MTP"), ["FROZEN_KV_MTP drafts with a Gemma 4 assistant", "DFLASH"]),
+        # SGLang's own refusals, raised as the plugin's error type so that the launcher prints them alone
+        (other("DSPARK"), ["SpeculativeConfigError: SGLang refused the speculative settings", "DSpark"]),
+        (other("UNO"), ["SpeculativeConfigError: SGLang refused the speculative settings", "UNO only supports CUDA"]),
+    ]
 
 
 def cases(d):
@@ -420,10 +475,19 @@ def cases(d):
     ]
 
 
+def _cpu_args(argv: list[str]) -> list[str]:
+    """CPU_ARGS, without --language-model-only for a target of its own with no vision tower (SGLang refuses the flag
+    for a text-only model, as ``sglang-kimi serve`` leaves it out for one)."""
+    if "--model-path" not in argv:
+        return CPU_ARGS
+    config = json.loads((Path(argv[argv.index("--model-path") + 1]) / "config.json").read_text())
+    return CPU_ARGS if "vision_config" in config else [a for a in CPU_ARGS if a != "--language-model-only"]
+
+
 def resolve_all(settings: list[list[str]]) -> list[str | None]:
     """SGLang's argument resolution of every setting (on the tiny model, CPU) in one subprocess with the plugin
     loaded: None where it resolves, else the error."""
-    argvs = [["--model-path", str(TINY_MODEL), *CPU_ARGS, *argv] for argv in settings]
+    argvs = [["--model-path", str(TINY_MODEL), *_cpu_args(argv), *argv] for argv in settings]
     env, _ = sglang_env(cpu=True)
     out = subprocess.run(
         [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
@@ -456,13 +520,15 @@ def good_settings(drafters) -> list[list[str]]:
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
                "--speculative-adaptive", *adaptive()),
+        other("STANDALONE", TINY_MODEL, *EAGLE3_CHAIN),  # a separate model with the target's vocabulary
+        ["--model-path", str(drafters["mtp_deepseek"]), *other("NEXTN")],  # SGLang's own DeepSeek-V3 MTP drafter
     ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def outcomes(drafters):
     """{"bad": [(argv, words, outcome)], "good": [(argv, outcome)]}: both tables resolved in one subprocess."""
-    bad, good = cases(drafters), good_settings(drafters)
+    bad, good = cases(drafters) + other_drafter_cases(drafters), good_settings(drafters)
     resolved = resolve_all([argv for argv, _ in bad] + good)
     return {
         "bad": [(argv, words, out) for (argv, words), out in zip(bad, resolved[: len(bad)])],
