@@ -564,7 +564,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
         "sglang_kimi.validation:install_validation",
         "checks drafter vs target, draft path, tree budget and attention backend before weights load (SGLang only "
-        "warns on a block-size mismatch and swallows drafter-config errors); sizes the DDTree verify window",
+        "warns on a block-size mismatch and swallows drafter-config errors), and the drafter of SGLang's other "
+        "algorithms (EAGLE / NEXTN without MTP layers, STANDALONE, a DFLASH or EAGLE3 drafter given to another "
+        "algorithm); sizes the DDTree verify window",
     ),
     Entry(
         "startup-errors",

@@ -187,6 +187,7 @@ def eagle3(path, *extra, backend="kimi_cpu"):
 
 
 EAGLE3_CHAIN = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+EAGLE3_TREE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
 
 
 def other(algorithm, path=None, *extra):
@@ -334,12 +335,7 @@ def cases(d):
         (
             eagle3(
                 d["eagle3"],
-                "--speculative-num-steps",
-                "3",
-                "--speculative-eagle-topk",
-                "2",
-                "--speculative-num-draft-tokens",
-                "6",
+                *EAGLE3_TREE,
                 backend="torch_native",
             ),
             ["--attention-backend is torch_native", "kimi_cpu", "triton"],
@@ -412,12 +408,7 @@ def cases(d):
         (
             eagle3(
                 d["eagle3"],
-                "--speculative-num-steps",
-                "3",
-                "--speculative-eagle-topk",
-                "2",
-                "--speculative-num-draft-tokens",
-                "6",
+                *EAGLE3_TREE,
                 *adaptive(),
             ),
             ["--speculative-eagle-topk is 2", "--speculative-eagle-topk 1"],
@@ -461,12 +452,7 @@ def cases(d):
         (
             eagle3(
                 d["eagle3"],
-                "--speculative-num-steps",
-                "3",
-                "--speculative-eagle-topk",
-                "2",
-                "--speculative-num-draft-tokens",
-                "6",
+                *EAGLE3_TREE,
                 "--page-size",
                 "16",
             ),
