@@ -17,6 +17,9 @@ the conversation without that message's text. A message key whose value is empty
 carries nothing to drop and is served: clients that send a response's message back in the history add OpenAI's
 response fields that way (``"refusal": null``, ``"annotations": []``). Content parts are not checked: their unread
 keys are caching hints such as ``cache_control``.
+
+One option is read only together with another: chat's ``top_logprobs`` without ``logprobs: true`` was answered
+without log-probabilities; OpenAI refuses such a request, and so does this hook.
 """
 
 from __future__ import annotations
@@ -154,6 +157,23 @@ def unread_fields(model, body: dict) -> str | None:
     )
 
 
+def unused_options(model, body: dict) -> str | None:
+    """Options read only together with another that the body leaves out: chat's ``top_logprobs`` without
+    ``logprobs: true`` (SGLang returns no log-probabilities; OpenAI refuses the request)."""
+    top = body.get("top_logprobs")
+    if (
+        model.__name__ == "ChatCompletionRequest"
+        and isinstance(top, int)
+        and top > 0
+        and body.get("logprobs") is not True
+    ):
+        return (
+            f"top_logprobs {top} without logprobs true: no log-probabilities would be returned; add "
+            '"logprobs": true, or drop top_logprobs'
+        )
+    return None
+
+
 async def check_openai_fields(original, serving, request, raw_request=None, *args, **kwargs):
     """AROUND ``OpenAIServingBase.handle_request(self, request, raw_request)`` and
     ``OpenAIServingResponses.create_responses(self, request, raw_request)``, for the routes of ``ROUTES`` (other
@@ -165,7 +185,11 @@ async def check_openai_fields(original, serving, request, raw_request=None, *arg
         except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang
             body = None
         try:
-            problem = unread_fields(type(request), body) if isinstance(body, dict) else None
+            problem = (
+                unread_fields(type(request), body) or unused_options(type(request), body)
+                if isinstance(body, dict)
+                else None
+            )
         except Exception:  # noqa: BLE001 - a body the models will not validate twice is left to SGLang, as before
             problem = None
         if problem is not None:

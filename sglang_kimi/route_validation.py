@@ -23,7 +23,9 @@ an "Internal Server Error" with no reason), or are served with part of the reque
   (0.5.22 and later) checks ``sampling_params`` only; before it, a ``sampling_params`` key ``SamplingParams`` does
   not take was a ``TypeError`` in the tokenizer manager (HTTP 500). A BEFORE hook on
   ``TokenizerManager.generate_request`` reads the bytes Starlette kept and refuses both, naming the keys (an error
-  event on a streaming request).
+  event on a streaming request). The same hook refuses ``/generate``'s log-probability options
+  (``top_logprobs_num``, ``token_ids_logprob``, ``logprob_start_len``, ``return_text_in_logprobs``) given without
+  ``return_logprob`` true for any prompt: the scheduler resets them and answers without log-probabilities.
 
 - ``/v1/detokenize`` with a token id outside the tokenizer's vocabulary: a negative id fails in the tokenizer
   (HTTP 500), one past its end is dropped from the text without a word. An AFTER hook on the route's
@@ -118,11 +120,39 @@ async def check_generate_contract(original, request, raw_request, *args, **kwarg
     return await original(request, raw_request, *args, **kwargs)
 
 
+# /generate's log-probability options with their defaults: read only for a prompt with return_logprob true (the
+# scheduler resets logprob_start_len to -1 without it, and returns no log-probabilities)
+LOGPROB_OPTIONS = {"top_logprobs_num": 0, "token_ids_logprob": None, "logprob_start_len": -1}
+
+
+def _logprob_options_unread(body: dict) -> list[str]:
+    """The log-probability options a ``/generate`` body sets while asking for no log-probabilities at all."""
+    asked = body.get("return_logprob")
+    if asked is True or (isinstance(asked, list) and any(asked)):
+        return []
+    given = []
+    for name, default in LOGPROB_OPTIONS.items():
+        value = body.get(name)
+        values = value if isinstance(value, list) and name != "token_ids_logprob" else [value]
+        if any(v is not None and v != default and v != [] for v in values):
+            given.append(f"{name} {json.dumps(value)}")
+    if body.get("return_text_in_logprobs"):
+        given.append("return_text_in_logprobs true")
+    return given
+
+
 def generate_body_problem(body, fields, sampling_options) -> str | None:
     """What a ``/generate`` JSON ``body`` holds that ``GenerateReqInput`` (``fields``) or ``SamplingParams``
     (``sampling_options``) would not read; None when nothing."""
     if not isinstance(body, dict):
         return None
+    logprob_options = _logprob_options_unread(body)
+    if logprob_options:
+        them = "them" if len(logprob_options) > 1 else "it"
+        return (
+            f"{', '.join(logprob_options)} without return_logprob true: no log-probabilities would be returned; add "
+            f'"return_logprob": true, or drop {them}'
+        )
     problems = []
     unknown = [key for key in body if key not in fields]
     count = len(unknown)

@@ -194,6 +194,14 @@ MATRIX = [
     # /generate keys GenerateReqInput drops: served with the default sampling (SGLang's contract checks sampling_params)
     ("a sampling option outside sampling_params", "/generate", {"text": PROMPT, "max_new_tokens": 4}, "4xx"),
     ("a misspelt sampling_params", "/generate", {"text": PROMPT, "sampling_parms": {"max_new_tokens": 4}}, "4xx"),
+    # log-probability options without the switch that returns them: served without log-probabilities
+    ("top log-probabilities without return_logprob", "/generate", {"text": PROMPT, "top_logprobs_num": 2}, "4xx"),
+    (
+        "chat top_logprobs without logprobs",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "top_logprobs": 2},
+        "4xx",
+    ),
     (
         "Vertex sampling_params with an unknown key",
         "/vertex_generate",

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from sglang_kimi.openai_fields import unread_fields
+from sglang_kimi.openai_fields import unread_fields, unused_options
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -126,3 +126,15 @@ def test_the_hook_is_skipped_where_the_route_s_module_does_not_import(monkeypatc
     monkeypatch.setattr(openai_fields.importlib, "import_module", lambda name, *a: types.ModuleType(name))
     assert openai_fields.install_openai_fields(target) is None  # where it imports, the hook is registered
     assert [a[0] for a in registered] == [target]
+
+
+def test_chat_top_logprobs_need_logprobs(models):
+    """Chat's top_logprobs without logprobs true: SGLang answered without log-probabilities (OpenAI refuses it)."""
+    model, base = models["chat"]
+    for extra in ({"top_logprobs": 3}, {"top_logprobs": 3, "logprobs": False}):
+        problem = unused_options(model, {**base, **extra})
+        assert problem is not None and "top_logprobs 3 without logprobs true" in problem, problem
+    for extra in ({"top_logprobs": 3, "logprobs": True}, {"top_logprobs": 0}, {"logprobs": True}, {}):
+        assert unused_options(model, {**base, **extra}) is None, extra
+    completion, body = models["completion"]
+    assert unused_options(completion, {**body, "logprobs": 3}) is None  # an int there: the count itself

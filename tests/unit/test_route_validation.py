@@ -53,6 +53,10 @@ class Request:  # the shape of GenerateReqInput: fields with defaults and defaul
     input_ids: object = None
     sampling_params: dict = dataclasses.field(default_factory=dict)
     return_logprob: bool = False
+    logprob_start_len: object = None
+    top_logprobs_num: object = None
+    token_ids_logprob: object = None
+    return_text_in_logprobs: bool = False
 
 
 def test_generate_request_keywords_must_be_fields():
@@ -104,6 +108,20 @@ def raw_generate(body, path="/generate", json_content_type=True):
             {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}, {"top_kk": 3}], "x": 1},
             ["argument 'x'", "sampling_params[1] holds 'top_kk'", "fix or drop them"],
         ),
+        # log-probability options without return_logprob: the scheduler returns none and resets logprob_start_len
+        ({"text": "hi", "top_logprobs_num": 3}, ["top_logprobs_num 3 without return_logprob", "drop it"]),
+        (
+            {"text": "hi", "return_logprob": False, "logprob_start_len": 0, "token_ids_logprob": [5]},
+            [
+                "token_ids_logprob [5]",
+                "logprob_start_len 0",
+                "without return_logprob",
+                '"return_logprob": true',
+                "them",
+            ],
+        ),
+        ({"text": ["a", "b"], "return_logprob": [False, False], "top_logprobs_num": [0, 2]}, ["[0, 2]"]),
+        ({"text": "hi", "return_text_in_logprobs": True}, ["return_text_in_logprobs true without return_logprob"]),
     ],
 )
 def test_generate_bodies_name_what_would_be_dropped(body, words):
@@ -117,6 +135,14 @@ def test_generate_bodies_with_known_keys_and_other_routes_pass():
     body = {"text": ["a"], "sampling_params": [{"max_new_tokens": 4, "temperature": 0.5, "top_k": 3}]}
     assert check_generate_body(None, Request(), raw_generate(body)) is None
     assert check_generate_body(None, Request(), raw_generate({"text": "hi", "return_logprob": True})) is None
+    # the options at their defaults (as SGLang's benchmark client sends them), or with log-probabilities asked for
+    for body in (
+        {"text": "hi", "return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0},
+        {"text": "hi", "token_ids_logprob": [], "return_text_in_logprobs": False},
+        {"text": "hi", "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0},
+        {"text": ["a", "b"], "return_logprob": [True, False], "top_logprobs_num": 2},
+    ):
+        assert check_generate_body(None, Request(), raw_generate(body)) is None, body
     # the OpenAI routes hand their own request over: its body is another API's
     assert check_generate_body(None, Request(), raw_generate({"prompt": "hi"}, "/v1/completions")) is None
     assert check_generate_body(None, Request(), None) is None  # called from Python: no HTTP body
