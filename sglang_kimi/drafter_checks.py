@@ -199,7 +199,13 @@ NO_MTP_DRAFTER_ARCHITECTURES = ("KimiK25ForConditionalGeneration",)
 
 
 def _check_missing_drafter(cfg, algorithm: str) -> None:
-    """An algorithm given no drafter: where SGLang would build its drafter from the target checkpoint itself."""
+    """An algorithm given no drafter, or the target as its drafter: where SGLang would build the drafter from the
+    target checkpoint itself."""
+    given = (
+        "without --speculative-draft-model-path"
+        if cfg.speculative_draft_model_path is None
+        else "with the target itself as --speculative-draft-model-path"
+    )
     if algorithm in ("EAGLE", "NEXTN"):
         target = load_config(cfg.model_path, cfg.trust_remote_code, cfg.revision)
         layers = getattr(_text_config(target), "num_nextn_predict_layers", None) or 0
@@ -211,35 +217,34 @@ def _check_missing_drafter(cfg, algorithm: str) -> None:
                 else f"is a {wrapper[0]}, which SGLang has no MTP drafter model for"
             )
             raise SpeculativeConfigError(
-                f"--speculative-algorithm {algorithm} without --speculative-draft-model-path drafts with the "
-                f"target's own MTP (NextN) layers: {cfg.model_path} {why}, so SGLang would build the drafter from "
-                f"the whole target checkpoint. Pass a drafter: {_kimi_drafters()}"
+                f"--speculative-algorithm {algorithm} {given} drafts with the target's own MTP (NextN) layers: "
+                f"{cfg.model_path} {why}, so SGLang would build the drafter from the whole target checkpoint. Pass "
+                f"a drafter: {_kimi_drafters()}"
             )
     elif algorithm == "STANDALONE":
         raise SpeculativeConfigError(
-            "--speculative-algorithm STANDALONE drafts with a separate, smaller model that shares the target's "
-            "tokenizer, and --speculative-draft-model-path is not given: SGLang would load the target a second time "
-            f"as its own drafter, which cannot be faster than no speculation. Pass that model, or {_kimi_drafters()}"
+            f"--speculative-algorithm STANDALONE {given}: STANDALONE drafts with a separate, smaller model that "
+            "shares the target's tokenizer, and SGLang would load the target a second time as its own drafter, which "
+            f"cannot be faster than no speculation. Pass that model, or {_kimi_drafters()}"
         )
     elif algorithm == "FROZEN_KV_MTP":
         raise SpeculativeConfigError(
-            "--speculative-algorithm FROZEN_KV_MTP drafts with a Gemma 4 assistant checkpoint, and "
-            "--speculative-draft-model-path is not given (SGLang picks this algorithm itself when EAGLE or NEXTN is "
-            f"given such a drafter). For Kimi: {_kimi_drafters()}"
+            f"--speculative-algorithm FROZEN_KV_MTP {given}: it drafts with a Gemma 4 assistant checkpoint (SGLang "
+            f"picks this algorithm itself when EAGLE or NEXTN is given such a drafter). For Kimi: {_kimi_drafters()}"
         )
 
 
 def check_other_drafter(cfg, algorithm: str) -> None:
-    """The drafter of an algorithm in :data:`OTHER_DRAFTING_ALGORITHMS`. Refused: no drafter where SGLang would take
-    the target itself; a DFLASH or EAGLE3 drafter, which only its own algorithm runs the way it was trained (EAGLE
-    serves an EAGLE3 drafter with nearly every draft rejected; EAGLE with a DFLASH drafter and STANDALONE with an
-    EAGLE3 one fail at start-up or at the first request); a STANDALONE drafter whose vocabulary differs from the
-    target's."""
+    """The drafter of an algorithm in :data:`OTHER_DRAFTING_ALGORITHMS`. Refused: no drafter (or the target given as
+    one) where SGLang would take the target itself; a DFLASH or EAGLE3 drafter, which only its own algorithm runs the
+    way it was trained (EAGLE serves an EAGLE3 drafter with nearly every draft rejected; EAGLE with a DFLASH drafter
+    and STANDALONE with an EAGLE3 one fail at start-up or at the first request); a STANDALONE drafter whose
+    vocabulary differs from the target's."""
     from sglang_kimi.speculators.configs import DrafterConfigError, drafter_algorithm
     from sglang_kimi.speculators.pairing import indefinite_article
 
     path = cfg.speculative_draft_model_path
-    if path is None:
+    if path is None or _same_checkpoint(path, cfg.model_path):
         _check_missing_drafter(cfg, algorithm)
         return
     check_draft_path(path, algorithm)

@@ -82,6 +82,7 @@ def drafters(tmp_path_factory):
         "eagle3_layers0": _edit_tensors(write_eagle3(root / "eagle3_layers0"), rename=("midlayer.", "model.layers.0.")),
         # a small model of another vocabulary, as a STANDALONE drafter (its config is all resolution reads)
         "standalone_vocab": _other_vocab(root / "standalone_vocab"),
+        "standalone": _linked_copy(TINY_MODEL, root / "standalone"),  # another checkpoint of the same vocabulary
         # targets with one MTP layer: in Kimi's wrapper (SGLang has no MTP drafter model for it) and as DeepSeek-V3
         "mtp_wrapper": _mtp_target(root / "mtp_wrapper", flat=False),
         "mtp_deepseek": _mtp_target(root / "mtp_deepseek", flat=True),
@@ -100,6 +101,13 @@ def _other_vocab(folder):
     config["text_config"]["vocab_size"] = 5000
     folder.mkdir()
     return _write_in(folder, "config.json", json.dumps(config))
+
+
+def _linked_copy(model, folder):
+    folder.mkdir()
+    for file in model.iterdir():
+        (folder / file.name).symlink_to(file)
+    return folder
 
 
 def _mtp_target(folder, flat):
@@ -209,14 +217,22 @@ def other_drafter_cases(d):
         (other("EAGLE", None, *EAGLE3_CHAIN), ["EAGLE without --speculative-draft-model-path", "MTP"]),
         (other("EAGLE", d["eagle3"], *EAGLE3_CHAIN), ["is an EAGLE3 drafter", "pass --speculative-algorithm EAGLE3"]),
         (other("NEXTN", d["dflash"]), ["is a DFLASH drafter", "pass --speculative-algorithm DFLASH"]),
-        (other("STANDALONE"), ["STANDALONE drafts with a separate, smaller model", "--speculative-draft-model-path"]),
+        (other("STANDALONE"), ["STANDALONE without --speculative-draft-model-path", "separate, smaller model"]),
+        (
+            other("STANDALONE", TINY_MODEL, *EAGLE3_CHAIN),
+            ["STANDALONE with the target itself as --speculative-draft-model-path", "a second time"],
+        ),
+        (
+            other("EAGLE", TINY_MODEL, *EAGLE3_CHAIN),
+            ["EAGLE with the target itself as --speculative-draft-model-path", "num_nextn_predict_layers 0"],
+        ),
         (other("STANDALONE", d["eagle3"], *EAGLE3_CHAIN), ["is an EAGLE3 drafter", "--speculative-algorithm EAGLE3"]),
         (other("STANDALONE", d["standalone_vocab"]), ["vocabulary of 5000 tokens", "one of 4096"]),
         (
-            other("STANDALONE", TINY_MODEL, "--speculative-num-steps", "3"),
+            other("STANDALONE", d["standalone"], "--speculative-num-steps", "3"),
             ["STANDALONE with --speculative-num-steps 3 but no --speculative-eagle-topk"],
         ),
-        (other("FROZEN_KV_MTP"), ["FROZEN_KV_MTP drafts with a Gemma 4 assistant", "DFLASH"]),
+        (other("FROZEN_KV_MTP"), ["FROZEN_KV_MTP without", "Gemma 4 assistant", "DFLASH"]),
         # SGLang's own refusals, raised as the plugin's error type so that the launcher prints them alone
         (other("DSPARK"), ["SpeculativeConfigError: SGLang refused the speculative settings", "DSpark"]),
         (other("UNO"), ["SpeculativeConfigError: SGLang refused the speculative settings", "UNO only supports CUDA"]),
@@ -506,8 +522,10 @@ def good_settings(drafters) -> list[list[str]]:
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
                "--speculative-adaptive", *adaptive()),
-        other("STANDALONE", TINY_MODEL, *EAGLE3_CHAIN),  # a separate model with the target's vocabulary
+        other("STANDALONE", drafters["standalone"], *EAGLE3_CHAIN),  # another model with the target's vocabulary
         ["--model-path", str(drafters["mtp_deepseek"]), *other("NEXTN")],  # SGLang's own DeepSeek-V3 MTP drafter
+        # the same, with the target named as the drafter (SGLang warns that MTP needs no path)
+        ["--model-path", str(drafters["mtp_deepseek"]), *other("EAGLE", drafters["mtp_deepseek"])],
     ]  # fmt: skip
 
 
