@@ -423,6 +423,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "schema-error-messages",
+        "sglang.srt.entrypoints.http_server.validation_exception_handler",
+        "sglang_kimi.schema_errors:install_schema_error_messages",
+        "upstream gap: a body that fails its route's schema is answered with each pydantic error printed twice, the "
+        "input echoed with it (a missing field echoes the whole body, prompt included), every union member's "
+        "failure, and the server's source file and line. The 400 names each field and its problem in one line "
+        "(OpenAI routes and /v1/responses, in SGLang's shapes; /v1/messages and /v1/systemone keep SGLang's answer)",
+        needs=(
+            "sglang.srt.entrypoints.http_server.validation_exception_handler",
+            "sglang.srt.entrypoints.http_server.app",
+            "sglang.srt.entrypoints.openai.protocol.ErrorResponse",
+        ),
+    ),
+    Entry(
         "gc-freeze-wait",
         "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
         "sglang_kimi.gc_freeze:install_gc_freeze_wait",

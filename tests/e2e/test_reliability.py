@@ -362,6 +362,40 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
     assert after == before, "greedy output after the matrix differs from the non-speculative server's"
 
 
+SCHEMA_ERRORS = [  # (route, body, the 400's message) for bodies that fail the route's request model
+    (
+        "/v1/completions",
+        {"model": "m", "prompt": "hi", "max_tokens": "ten"},
+        "max_tokens: Input should be a valid integer",
+    ),
+    (  # a missing field: SGLang's message echoed the whole body, prompt included, twice
+        "/v1/chat/completions",
+        {"model": "m", "prompt": PROMPT * 40, "max_tokens": 4},
+        "messages: Field required",
+    ),
+    (  # SGLang's message listed 5 errors, 3 of them about union members the client did not mean
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": 5}]},
+        "messages.0.content: Input should be a valid string or Input should be a valid list (got 5)",
+    ),
+    (
+        "/v1/responses",
+        {"model": "m", "input": "hi", "temperature": "hot"},
+        "temperature: Input should be a valid number",
+    ),
+]
+
+
+def test_a_body_failing_its_schema_gets_one_line_naming_the_field(tree_server):
+    for route, payload, message in SCHEMA_ERRORS:
+        response = post(tree_server.base_url, route, payload)
+        assert response.status_code == 400, f"{route}: HTTP {response.status_code} {response.text[:300]}"
+        answer = response.json()
+        text = answer["error"]["message"] if route == "/v1/responses" else answer["message"]
+        assert text.startswith(message), f"{route} {payload}: {text[:500]}"
+        assert "File " not in text and "site-packages" not in text and len(text) < 300, text[:500]
+
+
 SMALL_POOL = 600  # KV tokens: less than the context, so one request can fill the pool
 
 
