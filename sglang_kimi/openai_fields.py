@@ -18,8 +18,9 @@ carries nothing to drop and is served: clients that send a response's message ba
 response fields that way (``"refusal": null``, ``"annotations": []``). Content parts are not checked: their unread
 keys are caching hints such as ``cache_control``.
 
-One option is read only together with another: chat's ``top_logprobs`` without ``logprobs: true`` was answered
-without log-probabilities; OpenAI refuses such a request, and so does this hook.
+Some options are read only together with another: chat's ``top_logprobs`` without ``logprobs: true`` was answered
+without log-probabilities, and ``stream_options`` without ``stream: true`` was read by nothing; OpenAI refuses such a
+request, and so does this hook.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ def unread_fields(model, body: dict) -> str | None:
 
 
 def unused_options(model, body: dict) -> str | None:
-    """Options read only together with another that the body leaves out: chat's ``top_logprobs`` without
-    ``logprobs: true`` (SGLang returns no log-probabilities; OpenAI refuses the request)."""
+    """Options read only together with another that the body leaves out (OpenAI refuses such a request):
+    chat's ``top_logprobs`` without ``logprobs: true`` (SGLang returns no log-probabilities), and ``stream_options``
+    without ``stream: true`` (read only by a streaming answer)."""
     top = body.get("top_logprobs")
     if (
         model.__name__ == "ChatCompletionRequest"
@@ -170,6 +172,11 @@ def unused_options(model, body: dict) -> str | None:
         return (
             f"top_logprobs {top} without logprobs true: no log-probabilities would be returned; add "
             '"logprobs": true, or drop top_logprobs'
+        )
+    if body.get("stream_options") is not None and body.get("stream") is not True:
+        return (
+            "stream_options without stream true: only a streaming answer reads them (a non-streaming answer "
+            'always carries its usage); add "stream": true, or drop stream_options'
         )
     return None
 

@@ -203,6 +203,12 @@ MATRIX = [
         "4xx",
     ),
     (
+        "completion stream_options without stream",
+        "/v1/completions",
+        {"model": "m", "prompt": PROMPT, "max_tokens": 4, "stream_options": {"include_usage": True}},
+        "4xx",
+    ),
+    (
         "Vertex sampling_params with an unknown key",
         "/vertex_generate",
         {"instances": [{"text": PROMPT}], "parameters": {"sampling_params": {"max_new_tokens": 4, "temprature": 0}}},

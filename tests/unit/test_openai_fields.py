@@ -138,3 +138,14 @@ def test_chat_top_logprobs_need_logprobs(models):
         assert unused_options(model, {**base, **extra}) is None, extra
     completion, body = models["completion"]
     assert unused_options(completion, {**body, "logprobs": 3}) is None  # an int there: the count itself
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion", "responses"])
+def test_stream_options_need_stream(models, kind):
+    """stream_options without stream true: read by nothing (OpenAI refuses it)."""
+    model, base = models[kind]
+    for extra in ({"stream_options": {"include_usage": True}}, {"stream_options": {}, "stream": False}):
+        problem = unused_options(model, {**base, **extra})
+        assert problem is not None and "stream_options without stream true" in problem, problem
+    for extra in ({"stream_options": {"include_usage": True}, "stream": True}, {"stream_options": None}, {}):
+        assert unused_options(model, {**base, **extra}) is None, extra
