@@ -71,7 +71,12 @@ def parse_concurrency(text: str) -> list[int]:
         raise EvalError(f"--concurrency {text}: give comma-separated positive integers, e.g. 1,8,32,64") from None
     if not levels or any(c < 1 for c in levels):
         raise EvalError(f"--concurrency {text}: give comma-separated positive integers, e.g. 1,8,32,64")
-    return sorted(set(levels))
+    repeated = sorted({c for c in levels if levels.count(c) > 1})
+    if repeated:
+        raise EvalError(
+            f"--concurrency {text}: {', '.join(map(str, repeated))} given more than once; give each level once"
+        )
+    return sorted(levels)
 
 
 def check_load(input_len: int | None, output_len: int | None, num_prompts: int | None, warmup: int | None) -> None:

@@ -312,6 +312,7 @@ def test_bench_baseline_of_a_different_model(capsys, tmp_path):
     [
         (["--base-url", "http://127.0.0.1:1", "--concurrency", "0,8"], "--concurrency 0,8"),
         (["--base-url", "http://127.0.0.1:1", "--concurrency", "one"], "--concurrency one"),
+        (["--launch", "--concurrency", "1,8,1,8"], "--concurrency 1,8,1,8: 1, 8 given more than once"),
         ([], "give --base-url"),
         (["--launch", "--base-url", "http://127.0.0.1:1"], "--launch starts the server"),
         (["--launch", "--baseline-url", "http://127.0.0.1:1", "--baseline-args", ""], "give the baseline once"),
