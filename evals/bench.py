@@ -25,6 +25,7 @@ from sglang_kimi.api_key import auth_headers
 from sglang_kimi.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded
 from sglang_kimi.evals.servers import (
     LAUNCH_TIMEOUT,
     Server,
@@ -159,12 +160,10 @@ def gsm8k_questions(data_dir: str | None) -> list[str]:
             raise EvalError(f"--data-dir {data_dir} has no test.jsonl: point it at a GSM8K folder")
         return [json.loads(line)["question"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     try:
-        import datasets
-
-        return list(datasets.load_dataset("openai/gsm8k", "main", split="test")["question"])
+        return list(load_gsm8k("test")["question"])
     except Exception as exc:
         raise EvalError(
-            f"cannot load openai/gsm8k ({type(exc).__name__}): pass --data-dir with GSM8K's test.jsonl"
+            f"cannot load openai/gsm8k ({why_not_loaded(exc)}): pass --data-dir with GSM8K's test.jsonl"
         ) from None
 
 

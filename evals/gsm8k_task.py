@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded
 
 TEMPLATE = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 STOCK_TASK = "gsm8k"
@@ -96,11 +97,9 @@ def task_spec(data_dir: str | Path | None, out_dir: str | Path | None = None) ->
 def check_stock_data() -> None:
     """The stock task's data set (lm-eval's ``openai/gsm8k``, ``main``) loads here: asked before servers start."""
     try:
-        import datasets
-
-        datasets.load_dataset("openai/gsm8k", "main")
+        load_gsm8k()
     except Exception as exc:
         raise EvalError(
-            f"cannot load the gsm8k data set openai/gsm8k ({type(exc).__name__}): on an offline machine pass "
+            f"cannot load the gsm8k data set openai/gsm8k ({why_not_loaded(exc)}): on an offline machine pass "
             "--data-dir with GSM8K's train.jsonl and test.jsonl"
         ) from None

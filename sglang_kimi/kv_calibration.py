@@ -41,13 +41,13 @@ def calibration_prompts(data_dir: str | Path | None, limit: int) -> list[str]:
             raise CalibrationError(f"--data-dir {data_dir} has no train.jsonl: point it at GSM8K's folder")
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     else:
-        try:
-            from datasets import load_dataset
+        from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded
 
-            rows = list(load_dataset("openai/gsm8k", "main", split="train"))
+        try:
+            rows = list(load_gsm8k("train"))
         except Exception as exc:  # offline, or no datasets package
             raise CalibrationError(
-                f"could not load openai/gsm8k from the hub ({type(exc).__name__}: {exc}): pass --data-dir with "
+                f"could not load openai/gsm8k from the hub ({why_not_loaded(exc)}): pass --data-dir with "
                 "GSM8K's train.jsonl"
             ) from None
     return [f"Question: {row['question']}\nAnswer:" for row in rows[:limit]]

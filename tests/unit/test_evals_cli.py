@@ -228,11 +228,12 @@ def test_eval_launch_without_the_data_set_refused_before_the_servers_start(capsy
     """Offline and without --data-dir, lm-eval would fail once both (slow to start) servers are up."""
     import datasets
 
-    from sglang_kimi.evals import servers
+    from sglang_kimi.evals import hub_data, servers
 
     def offline(*args, **kwargs):
         raise ConnectionError("no route to the hub")
 
+    monkeypatch.setattr(hub_data, "hub_reachable", lambda endpoint: True)  # the hub's host answers, its data does not
     monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.setattr(servers, "launch_pair", lambda *a, **k: pytest.fail("servers were started"))
     code, err = _run(capsys, "eval", "gsm8k", "--launch", "--output-dir", str(tmp_path / "out"))
