@@ -187,11 +187,18 @@ def _generate_keys(request_type: type) -> tuple[frozenset, frozenset]:
     return fields, frozenset(SamplingParams.__struct_fields__)
 
 
+def route_path(request) -> str:
+    """The route a request reached: its URL path less the app's root path (as SGLang's own handlers read it)."""
+    path = getattr(getattr(request, "url", None), "path", "") or ""
+    scope = getattr(request, "scope", None)
+    root = scope.get("root_path", "") if isinstance(scope, dict) else ""
+    return path.removeprefix(root) if root else path
+
+
 def check_generate_body(manager, obj, request=None, *args, **kwargs):
     """BEFORE ``TokenizerManager.generate_request(self, obj, request)``, for the ``/generate`` route (the OpenAI routes
     pass their own request, whose body is another API's)."""
-    path = getattr(getattr(request, "url", None), "path", "") or ""
-    if not path.endswith("/generate"):
+    if route_path(request) != "/generate":  # not /api/generate (Ollama's), whose body is another API's
         return
     body = getattr(request, "_json", None)  # the JSON FastAPI parsed the body from, kept by Starlette
     if body is None:  # a body FastAPI did not read as JSON (no JSON content type): its bytes, if any

@@ -86,10 +86,12 @@ def test_vertex_requests_meet_the_generate_contract():
     assert "expected f64" in info.value.detail
 
 
-def raw_generate(body, path="/generate", json_content_type=True):
+def raw_generate(body, path="/generate", json_content_type=True, root_path=""):
     """A FastAPI request as ``TokenizerManager.generate_request`` receives it: Starlette kept the body's bytes and,
     for a JSON content type, the JSON FastAPI parsed from them."""
-    request = SimpleNamespace(url=SimpleNamespace(path=path), _body=json.dumps(body).encode())
+    request = SimpleNamespace(
+        url=SimpleNamespace(path=root_path + path), scope={"root_path": root_path}, _body=json.dumps(body).encode()
+    )
     if json_content_type:
         request._json = body
     return request
@@ -125,9 +127,10 @@ def raw_generate(body, path="/generate", json_content_type=True):
     ],
 )
 def test_generate_bodies_name_what_would_be_dropped(body, words):
-    for json_content_type in (True, False):
+    for json_content_type, root_path in ((True, ""), (False, ""), (True, "/llm")):
+        request = raw_generate(body, json_content_type=json_content_type, root_path=root_path)
         with pytest.raises(ValueError) as info:  # SGLang's /generate answers a ValueError with HTTP 400
-            check_generate_body(None, Request(), raw_generate(body, json_content_type=json_content_type))
+            check_generate_body(None, Request(), request)
         assert all(w in str(info.value) for w in words), str(info.value)
 
 
@@ -145,6 +148,9 @@ def test_generate_bodies_with_known_keys_and_other_routes_pass():
         assert check_generate_body(None, Request(), raw_generate(body)) is None, body
     # the OpenAI routes hand their own request over: its body is another API's
     assert check_generate_body(None, Request(), raw_generate({"prompt": "hi"}, "/v1/completions")) is None
+    # so does Ollama's /api/generate (every request to it was refused as unrecognized arguments, HTTP 500 there)
+    ollama = {"model": "m", "prompt": "hi", "stream": False, "options": {"num_predict": 4}}
+    assert check_generate_body(None, Request(), raw_generate(ollama, "/api/generate")) is None
     assert check_generate_body(None, Request(), None) is None  # called from Python: no HTTP body
 
 
