@@ -437,6 +437,19 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "session-restart",
+        "sglang.srt.session.session_controller.Session.create_req",
+        "sglang_kimi.sessions:install_session_restart",
+        "upstream bug: a session request with replace true and no rid (start the session over) iterates the "
+        "session's request dict while clearing it: RuntimeError in the scheduler, which ends the server, on any "
+        "session that has served a request. The session is cleared first, as SGLang's own clear would, and the "
+        "request served with no history",
+        needs=(
+            "sglang.srt.session.session_controller.Session.create_req",
+            "sglang.srt.session.session_controller.SessionReqNode.abort",
+        ),
+    ),
+    Entry(
         "gc-freeze-wait",
         "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
         "sglang_kimi.gc_freeze:install_gc_freeze_wait",

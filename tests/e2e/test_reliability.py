@@ -368,6 +368,28 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
     assert after == before, "greedy output after the matrix differs from the non-speculative server's"
 
 
+def session_turn(url: str, session_id: str, text: str, **session_params) -> dict:
+    payload = {**body(8, temperature=0.0), "text": text, "session_params": {"id": session_id, **session_params}}
+    response = post(url, "/generate", payload)
+    assert response.status_code == 200, response.text[:300]
+    return response.json()
+
+
+def test_a_session_started_over_is_served_as_a_fresh_prompt(tree_server, tiny_server):
+    """replace without rid: SGLang's own clearing of the session's history ended the scheduler."""
+    url = tree_server.base_url
+    session_id = post(url, "/open_session", {"capacity_of_str_len": 4096}).json()
+    try:
+        first = session_turn(url, session_id, PROMPT)
+        session_turn(url, session_id, " And then?", rid=first["meta_info"]["id"])
+        restarted = session_turn(url, session_id, PROMPT, replace=True)
+        assert serves(url)
+        fresh = post(tiny_server.base_url, "/generate", {**body(8, temperature=0.0), "text": PROMPT}).json()
+        assert restarted["output_ids"] == fresh["output_ids"] == first["output_ids"]
+    finally:
+        post(url, "/close_session", {"session_id": session_id})
+
+
 SCHEMA_ERRORS = [  # (route, body, the 400's message) for bodies that fail the route's request model
     (
         "/v1/completions",

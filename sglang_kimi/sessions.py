@@ -1,0 +1,30 @@
+"""Session requests that restart their session, served instead of ending the scheduler.
+
+A ``/generate`` request with ``session_params: {"id": ..., "replace": true}`` and no ``rid`` asks SGLang to drop the
+session's whole history and start it again from the new prompt. ``Session.create_req`` does that by iterating the
+session's ``req_nodes`` dict while each node's ``clear`` deletes itself (and its children) from that dict: on any
+session that has served a request, the iteration raises ``RuntimeError: dictionary changed size during iteration``
+in the scheduler, which ends the server (SGLang 0.5.20 to 0.5.23).
+
+An AROUND hook on ``Session.create_req`` does the same clearing first, as ``clear`` would (each unfinished request
+of the session aborted, every node dropped), so SGLang's loop then runs over an empty dict and the request is
+served as one with no history. Streaming sessions refuse ``replace`` on their own path and are left alone.
+"""
+
+from __future__ import annotations
+
+from sglang_kimi.hooks import hook
+
+
+def restart_session_first(original, session, req, *args, **kwargs):
+    """AROUND ``Session.create_req(self, req, ...)``."""
+    params = getattr(req, "session_params", None)
+    if params is not None and params.replace and params.rid is None and not session.streaming and session.req_nodes:
+        for node in session.req_nodes.values():
+            node.abort()  # what SessionReqNode.clear does to a request still running, before it drops the node
+        session.req_nodes.clear()
+    return original(session, req, *args, **kwargs)
+
+
+def install_session_restart(target: str):
+    hook(target, restart_session_first, "AROUND")
