@@ -450,6 +450,22 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "ollama-routes",
+        "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat",
+        "sglang_kimi.ollama_routes:install_ollama_routes",
+        "upstream gaps: Ollama's /api/chat and /api/generate answer every request check's error (num_predict -5, "
+        "top_k 0, a prompt beyond the context, no messages) with HTTP 500, or a stream cut after its headers; any "
+        "request with the seed option is HTTP 500 (passed on as a keyword SamplingParams lacks); repeat_penalty, "
+        "min_p, misspelt options, format, think, images, suffix, template and context are dropped without a word. "
+        'Errors answer HTTP 400 ({"error": ...}); seed, repeat_penalty, min_p and format are served; what cannot '
+        "be is refused, naming it",
+        needs=(
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing._convert_options_to_sampling_params",
+        ),
+    ),
+    Entry(
         "gc-freeze-wait",
         "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
         "sglang_kimi.gc_freeze:install_gc_freeze_wait",

@@ -56,6 +56,9 @@ def is_yes_or_no(out: dict) -> bool:
 
 
 # (name, path, JSON body or raw text, expected: "4xx" or a check of the 200 answer)
+OLLAMA_CHAT = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "stream": False}
+OLLAMA_GENERATE = {"model": "m", "prompt": PROMPT, "stream": False, "options": {"num_predict": 4}}
+
 MATRIX = [
     ("prompt longer than the context", "/generate", {"input_ids": [5] * 5000}, "4xx"),
     ("token id above the vocabulary", "/generate", {"input_ids": [1, 2, 10_000_000]}, "4xx"),
@@ -200,6 +203,25 @@ MATRIX = [
         "chat top_logprobs without logprobs",
         "/v1/chat/completions",
         {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "top_logprobs": 2},
+        "4xx",
+    ),
+    # Ollama's routes: request checks' errors were HTTP 500 (a stream cut after its headers), any seed a 500, and
+    # /api/generate refused every request; options and fields SGLang's layer drops are refused naming them
+    (
+        "Ollama generate with a seed and the options SGLang left out",
+        "/api/generate",
+        {**OLLAMA_GENERATE, "options": {"num_predict": 4, "seed": 3, "repeat_penalty": 1.0, "min_p": 0.0}},
+        lambda o: o["done"] is True and isinstance(o["response"], str) and o["eval_count"] == 4,
+    ),
+    ("Ollama chat, num_predict below 0", "/api/chat", {**OLLAMA_CHAT, "options": {"num_predict": -5}}, "4xx"),
+    ("Ollama chat streaming, top_k 0", "/api/chat", {**OLLAMA_CHAT, "stream": True, "options": {"top_k": 0}}, "4xx"),
+    ("Ollama chat, no messages", "/api/chat", {**OLLAMA_CHAT, "messages": []}, "4xx"),
+    ("Ollama chat, a misspelt option", "/api/chat", {**OLLAMA_CHAT, "options": {"temprature": 0}}, "4xx"),
+    ("Ollama generate, suffix", "/api/generate", {**OLLAMA_GENERATE, "suffix": "!"}, "4xx"),
+    (
+        "Ollama generate streaming, a prompt beyond the context",
+        "/api/generate",
+        {**OLLAMA_GENERATE, "prompt": PROMPT * 400, "stream": True},
         "4xx",
     ),
     (
@@ -366,6 +388,19 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
         assert serves(url), f"the server does not serve after: {name}"
     after = [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=24)]
     assert after == before, "greedy output after the matrix differs from the non-speculative server's"
+
+
+def test_ollama_generate_serves_the_autoregressive_greedy_output(tree_server, tiny_server):
+    options = {"num_predict": 16, "temperature": 0, "seed": 1, "repeat_penalty": 1.0}
+    reference = post(tiny_server.base_url, "/generate", {**body(16, temperature=0.0), "text": PROMPT}).json()
+    for stream in (False, True):
+        response = post(
+            tree_server.base_url, "/api/generate", {**OLLAMA_GENERATE, "options": options, "stream": stream}
+        )
+        assert response.status_code == 200, response.text[:300]
+        chunks = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+        assert chunks[-1]["done"] is True
+        assert "".join(chunk["response"] for chunk in chunks) == reference["text"]
 
 
 def session_turn(url: str, session_id: str, text: str, **session_params) -> dict:
