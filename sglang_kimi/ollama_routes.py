@@ -12,7 +12,7 @@ SGLang's Ollama layer (``entrypoints/ollama/serving.py``, 0.5.20 to 0.5.23) has 
 - ``format`` (JSON output) is dropped, as are ``think``, message ``images`` and ``/api/generate``'s ``suffix``,
   ``template``, ``context`` and ``images``, and body keys the request models lack (``tools`` on ``/api/chat``);
 - a stream drops the text of its last output (the tokens of the last decode step: one token autoregressively, every
-  token a speculative step accepted), and its final chunk says ``done_reason`` "stop" when ``num_predict`` ended it.
+  token a speculative step accepted); streamed or not, ``done_reason`` is "stop" when ``num_predict`` ended it.
 
 AROUND hooks on ``OllamaServing.handle_chat`` / ``handle_generate`` refuse what would be dropped (:func:`body_problem`,
 :func:`options_problem`) and answer the request checks' errors with HTTP 400, Ollama's ``{"error": ...}`` shape; a
@@ -20,8 +20,8 @@ streaming request's first chunk is awaited before the response starts, so its er
 ``_convert_options_to_sampling_params`` maps ``seed`` to ``sampling_seed``, ``repeat_penalty`` to
 ``repetition_penalty``, ``min_p`` as it is, and ``format`` to a JSON schema (``"json"``: any JSON object, as SGLang
 serves OpenAI's ``json_object``). ``/api/generate`` sends the prompt as it is (Ollama's ``raw``); that is left as
-SGLang serves it. The two stream builders are replaced by one that sends every output's new text, then the final
-chunk with "length" or "stop".
+SGLang serves it. The stream builders are replaced by one that sends every output's new text, then the final chunk
+with "length" or "stop"; the answer builders by one that gives that ``done_reason`` too.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import difflib
 import json
+import time
 
 from sglang_kimi.hooks import hook
 
@@ -245,9 +246,38 @@ def streaming(route: str):
     return replaced
 
 
+def answer(route: str):
+    """REPLACE for ``OllamaServing._generate_<route>_response(self, gen_request, raw_request, model_name)``: SGLang's
+    answer, with the ``done_reason`` of the output (SGLang's said "stop" when ``num_predict`` ended it)."""
+
+    async def replaced(serving, gen_request, raw_request, model_name, *args, **kwargs):
+        from sglang.srt.entrypoints.ollama import protocol
+
+        start = time.time_ns()
+        output = await serving.tokenizer_manager.generate_request(gen_request, raw_request).__anext__()
+        meta = output.get("meta_info") or {}
+        fields = {
+            "model": model_name,
+            "created_at": serving._get_timestamp(),
+            "done": True,
+            "done_reason": _done_reason(meta.get("finish_reason")),
+            "total_duration": time.time_ns() - start,
+            "prompt_eval_count": meta.get("prompt_tokens"),
+            "eval_count": meta.get("completion_tokens"),
+        }
+        text = output.get("text", "")
+        if route == "chat":
+            return protocol.OllamaChatResponse(message=protocol.OllamaMessage(role="assistant", content=text), **fields)
+        return protocol.OllamaGenerateResponse(response=text, **fields)
+
+    return replaced
+
+
 def install_ollama_routes(target: str):
     hook(target, answering("handle_chat"), "AROUND")
     hook(f"{SERVING}.handle_generate", answering("handle_generate"), "AROUND")
     hook(f"{SERVING}._convert_options_to_sampling_params", sampling_params, "AROUND")
     hook(f"{SERVING}._stream_chat_response", streaming("chat"), "REPLACE")
     hook(f"{SERVING}._stream_generate_response", streaming("generate"), "REPLACE")
+    hook(f"{SERVING}._generate_chat_response", answer("chat"), "REPLACE")
+    hook(f"{SERVING}._generate_generate_response", answer("generate"), "REPLACE")

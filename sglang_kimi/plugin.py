@@ -456,13 +456,22 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "upstream gaps: Ollama's /api/chat and /api/generate answer every request check's error (num_predict -5, "
         "top_k 0, a prompt beyond the context, no messages) with HTTP 500, or a stream cut after its headers; any "
         "request with the seed option is HTTP 500 (passed on as a keyword SamplingParams lacks); repeat_penalty, "
-        "min_p, misspelt options, format, think, images, suffix, template and context are dropped without a word. "
+        "min_p, misspelt options, format, think, images, suffix, template and context are dropped without a word; a "
+        "stream drops its last output's text, and done_reason says stop when num_predict ended it. "
         'Errors answer HTTP 400 ({"error": ...}); seed, repeat_penalty, min_p and format are served; what cannot '
         "be is refused, naming it",
         needs=(
             "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat",
             "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate",
             "sglang.srt.entrypoints.ollama.serving.OllamaServing._convert_options_to_sampling_params",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing._stream_chat_response",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing._stream_generate_response",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing._generate_chat_response",
+            "sglang.srt.entrypoints.ollama.serving.OllamaServing._generate_generate_response",
+            "sglang.srt.entrypoints.ollama.protocol.OllamaChatStreamResponse",
+            "sglang.srt.entrypoints.ollama.protocol.OllamaGenerateStreamResponse",
+            "sglang.srt.entrypoints.ollama.protocol.OllamaChatResponse",
+            "sglang.srt.entrypoints.ollama.protocol.OllamaGenerateResponse",
         ),
     ),
     Entry(

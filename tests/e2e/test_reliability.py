@@ -211,7 +211,7 @@ MATRIX = [
         "Ollama generate with a seed and the options SGLang left out",
         "/api/generate",
         {**OLLAMA_GENERATE, "options": {"num_predict": 4, "seed": 3, "repeat_penalty": 1.0, "min_p": 0.0}},
-        lambda o: o["done"] is True and isinstance(o["response"], str) and o["eval_count"] == 4,
+        lambda o: o["done"] is True and o["done_reason"] == "length" and o["response"] and o["eval_count"] == 4,
     ),
     ("Ollama chat, num_predict below 0", "/api/chat", {**OLLAMA_CHAT, "options": {"num_predict": -5}}, "4xx"),
     ("Ollama chat streaming, top_k 0", "/api/chat", {**OLLAMA_CHAT, "stream": True, "options": {"top_k": 0}}, "4xx"),

@@ -9,7 +9,7 @@ import pytest
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 
-from sglang_kimi.ollama_routes import answering, body_problem, options_problem, sampling_params, streaming
+from sglang_kimi.ollama_routes import answer, answering, body_problem, options_problem, sampling_params, streaming
 
 
 @pytest.mark.parametrize(
@@ -215,3 +215,22 @@ def test_a_stream_carries_its_last_outputs_text_and_why_it_ended(route, field, f
     assert "".join(texts) == "He has 8 apples."
     assert [chunk["done"] for chunk in chunks] == [False, False, False, True]
     assert chunks[-1]["done_reason"] == done_reason and texts[-1] == ""
+
+
+@pytest.mark.parametrize("route", ["chat", "generate"])
+@pytest.mark.parametrize(
+    "finish_reason, done_reason", [({"type": "length", "length": 6}, "length"), ({"type": "stop"}, "stop")]
+)
+def test_an_answer_says_why_it_ended(route, finish_reason, done_reason):
+    class Manager:
+        async def generate_request(self, gen_request, raw_request):
+            yield {
+                "text": "He has 8.",
+                "meta_info": {"finish_reason": finish_reason, "prompt_tokens": 9, "completion_tokens": 6},
+            }
+
+    serving = SimpleNamespace(tokenizer_manager=Manager(), _get_timestamp=lambda: "2026-01-01T00:00:00.000Z")
+    response = asyncio.run(answer(route)(serving, "gen_request", "raw_request", "m")).model_dump()
+    assert (response["message"]["content"] if route == "chat" else response["response"]) == "He has 8."
+    assert response["done"] is True and response["done_reason"] == done_reason
+    assert (response["prompt_eval_count"], response["eval_count"], response["model"]) == (9, 6, "m")
