@@ -1,4 +1,4 @@
-"""Fields of an OpenAI request that SGLang would drop without a word, answered with HTTP 400 instead.
+"""Fields of an OpenAI or Anthropic request that SGLang would drop without a word, answered with HTTP 400 instead.
 
 SGLang parses ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses`` bodies into pydantic models that
 ignore keys they do not have: a misspelt option (``temprature``), another server's option (vLLM's ``guided_json``)
@@ -17,6 +17,9 @@ the conversation without that message's text. A message key whose value is empty
 carries nothing to drop and is served: clients that send a response's message back in the history add OpenAI's
 response fields that way (``"refusal": null``, ``"annotations": []``). Content parts are not checked: their unread
 keys are caching hints such as ``cache_control``.
+
+Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens`` bodies are checked the same way (their models ignore
+unknown keys too; Anthropic's API refuses them as extra inputs), and refused in Anthropic's error shape.
 
 Some options are read only together with another: chat's ``top_logprobs`` without ``logprobs: true`` was answered
 without log-probabilities, and ``stream_options`` without ``stream: true`` was read by nothing; OpenAI refuses such a
@@ -105,10 +108,15 @@ def named(name: str, known) -> str:
     return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-def unread_fields(model, body: dict) -> str | None:
-    """What is wrong with ``body`` for ``model`` (a request model of ``ROUTES``): the keys SGLang would drop, with
-    hints; None when every key is read. ``body`` already validated as ``model``."""
-    candidates = [(name,) for name in body if name not in model.model_fields and not _no_effect(name, body[name])]
+def unread_fields(model, body: dict, harmless: frozenset = frozenset()) -> str | None:
+    """What is wrong with ``body`` for ``model`` (a request model of ``ROUTES``, or Anthropic's): the keys SGLang
+    would drop, with hints; None when every key is read. ``harmless``: more top-level keys whose drop changes nothing
+    served. ``body`` already validated as ``model``."""
+    candidates = [
+        (name,)
+        for name in body
+        if name not in model.model_fields and name not in harmless and not _no_effect(name, body[name])
+    ]
     message_fields = _message_fields(model)
     messages = body.get("messages") if message_fields else None
     for index, message in enumerate(messages if isinstance(messages, list) else []):
@@ -181,16 +189,45 @@ def unused_options(model, body: dict) -> str | None:
     return None
 
 
+async def _json_body(raw_request):
+    """The request's JSON body as the client sent it, or None. The bytes, not the body FastAPI parsed: SGLang's
+    validators edit that one (reasoning -> effort)."""
+    try:
+        body = json.loads(await raw_request.body())
+    except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@functools.cache
+def _anthropic_message_fields() -> frozenset[str]:
+    from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    return frozenset(AnthropicMessagesRequest.model_fields)
+
+
+async def check_anthropic_fields(original, serving, request, raw_request=None, *args, **kwargs):
+    """AROUND ``AnthropicServing.handle_messages(self, request, raw_request)`` and ``handle_count_tokens``:
+    the body's unread keys answered as Anthropic answers them (HTTP 400, ``invalid_request_error``)."""
+    body = await _json_body(raw_request) if raw_request is not None else None
+    # a token count takes a messages body whole: its sampling options (max_tokens, stream, ...) change no count
+    harmless = _anthropic_message_fields() if type(request).__name__ == "AnthropicCountTokensRequest" else frozenset()
+    try:
+        problem = unread_fields(type(request), body, harmless) if body is not None else None
+    except Exception:  # noqa: BLE001 - a body the model will not validate twice is left to SGLang, as before
+        problem = None
+    if problem is not None:
+        return serving._error_response(status_code=400, error_type="invalid_request_error", message=problem)
+    return await original(serving, request, raw_request, *args, **kwargs)
+
+
 async def check_openai_fields(original, serving, request, raw_request=None, *args, **kwargs):
     """AROUND ``OpenAIServingBase.handle_request(self, request, raw_request)`` and
     ``OpenAIServingResponses.create_responses(self, request, raw_request)``, for the routes of ``ROUTES`` (other
     callers pass a ``raw_request`` whose body is another API's, or none)."""
     path = getattr(getattr(raw_request, "url", None), "path", "") or ""
     if any(path.endswith(route) and type(request).__name__ == name for route, name in ROUTES.items()):
-        try:  # the bytes: the parsed body FastAPI keeps was edited by SGLang's validators (reasoning -> effort)
-            body = json.loads(await raw_request.body())
-        except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang
-            body = None
+        body = await _json_body(raw_request)
         try:
             problem = (
                 unread_fields(type(request), body) or unused_options(type(request), body)
@@ -214,3 +251,8 @@ def install_openai_fields(target: str) -> str | None:
         return f"{module} does not import here ({exc}), so SGLang serves no route through it"
     hook(target, check_openai_fields, "AROUND")
     return None
+
+
+def install_anthropic_fields(target: str):
+    hook(target, check_anthropic_fields, "AROUND")
+    hook(f"{target.rsplit('.', 1)[0]}.handle_count_tokens", check_anthropic_fields, "AROUND")

@@ -333,6 +333,20 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "anthropic-unread-fields",
+        "sglang.srt.entrypoints.anthropic.serving.AnthropicServing.handle_messages",
+        "sglang_kimi.openai_fields:install_anthropic_fields",
+        "upstream gap: /v1/messages and /v1/messages/count_tokens drop body keys their request models do not read "
+        "(a misspelt temprature, Anthropic's container or mcp_servers, a message's misspelt key), served as if not "
+        "sent; refused with HTTP 400 invalid_request_error naming them, as Anthropic refuses extra inputs",
+        needs=(
+            "sglang.srt.entrypoints.anthropic.serving.AnthropicServing.handle_messages",
+            "sglang.srt.entrypoints.anthropic.serving.AnthropicServing.handle_count_tokens",
+            "sglang.srt.entrypoints.anthropic.serving.AnthropicServing._error_response",
+            "sglang.srt.entrypoints.anthropic.protocol.AnthropicMessagesRequest",
+        ),
+    ),
+    Entry(
         "responses-unread-fields",
         "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses",
         "sglang_kimi.openai_fields:install_openai_fields",

@@ -224,6 +224,18 @@ MATRIX = [
         {**OLLAMA_GENERATE, "prompt": PROMPT * 400, "stream": True},
         "4xx",
     ),
+    (  # Anthropic's models drop unknown keys too; Anthropic refuses them as extra inputs
+        "Anthropic messages, misspelt option",
+        "/v1/messages",
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": PROMPT}], "temprature": 0},
+        "4xx",
+    ),
+    (
+        "Anthropic token count of a whole messages body",
+        "/v1/messages/count_tokens",
+        {"model": "m", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": PROMPT}]},
+        lambda o: o["input_tokens"] > 0,
+    ),
     (
         "completion stream_options without stream",
         "/v1/completions",

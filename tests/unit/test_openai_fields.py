@@ -1,6 +1,7 @@
 """Keys of an OpenAI request body that SGLang's request models would drop: found by validating without each key."""
 
 import copy
+import json
 import types
 
 import pytest
@@ -149,3 +150,81 @@ def test_stream_options_need_stream(models, kind):
         assert problem is not None and "stream_options without stream true" in problem, problem
     for extra in ({"stream_options": {"include_usage": True}, "stream": True}, {"stream_options": None}, {}):
         assert unused_options(model, {**base, **extra}) is None, extra
+
+
+ANTHROPIC = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def anthropic():
+    from sglang.srt.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+
+    return AnthropicMessagesRequest, AnthropicCountTokensRequest
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"temprature": 0.5}, ["'temprature' (did you mean 'temperature'?)"]),
+        ({"container": "c1"}, ["'container'"]),
+        ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "n"}]}, ["'mcp_servers'"]),
+        ({"messages": [{"role": "user", "content": "hi", "contents": "x"}]}, ["'contents'", "in messages[0]"]),
+    ],
+)
+def test_anthropic_messages_keys_it_would_drop(anthropic, extra, words):
+    messages, _ = anthropic
+    problem = unread_fields(messages, {**ANTHROPIC, **extra})
+    assert problem is not None and all(w in problem for w in words), problem
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"system": "be brief", "stop_sequences": ["x"], "top_k": 3, "top_p": 0.9, "temperature": 0.5, "stream": True},
+        {"metadata": {"user_id": "u"}, "service_tier": "auto"},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"}},
+    ],
+)
+def test_anthropic_messages_keys_it_reads(anthropic, extra):
+    messages, _ = anthropic
+    assert unread_fields(messages, {**ANTHROPIC, **extra}) is None
+
+
+def test_anthropic_token_count_takes_a_messages_body_whole(anthropic):
+    messages, count = anthropic
+    harmless = frozenset(messages.model_fields)
+    body = {**ANTHROPIC, "temperature": 0.5, "stream": False, "system": "s"}
+    assert unread_fields(count, body, harmless) is None
+    assert "'sytem'" in unread_fields(count, {**ANTHROPIC, "sytem": "s"}, harmless)
+
+
+def test_anthropic_refusal_is_in_anthropics_shape(anthropic):
+    import asyncio
+
+    from sglang_kimi.openai_fields import check_anthropic_fields
+
+    messages, _ = anthropic
+
+    class Raw:
+        def __init__(self, body):
+            self.body_bytes = json.dumps(body).encode()
+
+        async def body(self):
+            return self.body_bytes
+
+    class Serving:
+        def _error_response(self, status_code, error_type, message):
+            return (status_code, error_type, message)
+
+    async def original(serving, request, raw_request):
+        return "served"
+
+    def answer(body):
+        request = messages.model_validate(body)
+        return asyncio.run(check_anthropic_fields(original, Serving(), request, Raw(body)))
+
+    status, kind, message = answer({**ANTHROPIC, "temprature": 0.5})
+    assert (status, kind) == (400, "invalid_request_error") and "'temprature'" in message
+    assert answer(ANTHROPIC) == "served"
