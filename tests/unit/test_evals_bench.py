@@ -52,8 +52,10 @@ def test_presets_and_flags():
     long = resolve_config(_args(preset="long"), _server())
     assert (long.dataset, long.input_len, long.output_len) == ("random", 10240, 512) == tuple(PRESETS["long"].values())
     assert long.concurrency == [1, 8, 32, 64]
-    gsm = resolve_config(_args(preset="gsm8k", output_len=64, concurrency="8,1,8"), _server("cpu"))
+    gsm = resolve_config(_args(preset="gsm8k", output_len=64, concurrency="8,1"), _server("cpu"))
     assert (gsm.dataset, gsm.output_len, gsm.concurrency) == ("gsm8k", 64, [1, 8])
+    with pytest.raises(EvalError, match="8 given more than once"):
+        resolve_config(_args(preset="gsm8k", concurrency="8,1,8"), _server("cpu"))
     with pytest.raises(EvalError, match="exceed the model's context"):
         resolve_config(_args(preset="long"), _server(max_model_len=4096))
 
