@@ -14,8 +14,10 @@ be a valid list (got 5)"``:
   a union (``'str'``, ``'list[int]'``, ``'function-after[validate(), Model]'``, a model class) are left out. They are
   told apart from keys by walking the body the client sent: a component that is not a key (or index) of the value
   at that point names a union member (a missing field, the last component, is always a key);
-- of a union's members, the ones that got furthest into the value are kept (the most keys deep, then the fewest
-  errors); the others failed at a level the client's value already rules out;
+- of a union's members, those the client's value was meant for are kept: a member is ruled out when it refuses a
+  value another member takes (first a literal such as a ``type`` or ``role`` naming another member, then any
+  refused value; a missing field does not rule a member out); of several members kept, the places every one of
+  them refuses are named (a content part of an unknown ``type``: that field, not what each part type wants);
 - each location once, its distinct messages joined with "or", the value given when its JSON is short;
 - at most :data:`MAX_FIELDS` locations, then how many more there are.
 
