@@ -489,6 +489,15 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "streaming-session-last-token",
+        "sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req",
+        "sglang_kimi.sessions:install_streaming_session_commit",
+        "upstream bug: a streaming session (--enable-streaming-session) on a speculative server counts the KV of a "
+        "finished turn's last output token as computed, but that token is often the step's bonus token, whose slot "
+        "holds a rejected draft token's KV: the next turn attends to it and its greedy output differs from the "
+        "autoregressive server's. The next turn prefills that token again, as autoregressively",
+    ),
+    Entry(
         "gc-freeze-wait",
         "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
         "sglang_kimi.gc_freeze:install_gc_freeze_wait",

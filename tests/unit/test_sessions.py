@@ -80,3 +80,40 @@ else:
         seen = []
         restart_session_first(lambda s, r: seen.append(list(s.req_nodes)), session, new_turn(replace=True))
         assert seen == [["r1", "r2"]]
+
+    # -- a streaming session's finished turn ---------------------------------------------------------------------
+
+    def finished_turn(handled: bool = True, allocated: int = 40, session_id: str = "s"):
+        """A streaming session whose turn (23 prompt tokens, 10 output tokens) SGLang has just committed: the slot's
+        count as SGLang leaves it, every one of the turn's 33 tokens (capped at the slots allocated)."""
+        kv = SimpleNamespace(holds_kv=True, kv_allocated_len=allocated, kv_committed_len=min(33, allocated))
+        sessions = SimpleNamespace(slots={"s": SimpleNamespace(kv=kv)})
+        req = SimpleNamespace(session=SimpleNamespace(session_id=session_id), origin_input_ids=[1] * 23)
+        req.output_ids = [2] * 10
+
+        def original(sessions, req):
+            return handled
+
+        return sessions, req, original, kv
+
+    def test_the_last_output_tokens_kv_is_prefilled_again():
+        from sglang_kimi.sessions import commit_all_but_the_last_token
+
+        sessions, req, original, kv = finished_turn()  # a speculative server: slots past the last token
+        assert commit_all_but_the_last_token(original, sessions, req) is True
+        assert kv.kv_committed_len == 32
+
+    @pytest.mark.parametrize(
+        "handled, allocated, session_id, committed",
+        [
+            (True, 32, "s", 32),  # autoregressive: the last token never got a slot; nothing changes
+            (False, 40, "s", 33),  # SGLang did not keep the turn (an aborted one): its own path
+            (True, 40, "other", 33),  # the session holds no slot here
+        ],
+    )
+    def test_other_finished_turns_are_left_as_they_are(handled, allocated, session_id, committed):
+        from sglang_kimi.sessions import commit_all_but_the_last_token
+
+        sessions, req, original, kv = finished_turn(handled, allocated, session_id)
+        assert commit_all_but_the_last_token(original, sessions, req) is handled
+        assert kv.kv_committed_len == committed
