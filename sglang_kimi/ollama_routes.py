@@ -67,7 +67,7 @@ REFINES = {
 }
 OPTIONS = frozenset((*MAPPED, *ADDED, *RUNNER, *NEUTRAL, *REFINES))
 
-REQUEST_FIELDS = {  # the body keys each route's request model reads, and those it drops
+REQUEST_FIELDS = {  # the body keys each route reads and uses
     "handle_chat": ("model", "messages", "stream", "format", "options", "keep_alive"),
     "handle_generate": ("model", "prompt", "stream", "system", "format", "options", "keep_alive", "raw"),
 }
