@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-from urllib.parse import urlsplit
+
+from sglang_kimi.gc_freeze import wait_until_listening
 
 DATASET = ("openai/gsm8k", "main")
 PROBE_TIMEOUT_S = 3.0
@@ -34,13 +34,7 @@ def hub_reachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether ``endpoint``'s host accepts a TCP connection (True behind a proxy, which is not probed)."""
     if any(os.environ.get(name) for name in PROXY_VARIABLES):
         return True
-    parts = urlsplit(endpoint)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+    return wait_until_listening(endpoint, timeout_s=0, connect_timeout_s=timeout_s)
 
 
 @contextlib.contextmanager

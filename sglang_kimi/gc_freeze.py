@@ -20,14 +20,15 @@ WAIT_S = 120.0  # as long as SGLang's warmup polls /model_info
 POLL_S = 0.05
 
 
-def wait_until_listening(url: str, timeout_s: float = WAIT_S) -> bool:
-    """Whether ``url``'s host and port accept a TCP connection within ``timeout_s`` seconds."""
+def wait_until_listening(url: str, timeout_s: float = WAIT_S, connect_timeout_s: float = 1.0) -> bool:
+    """Whether ``url``'s host and port accept a TCP connection within ``timeout_s`` seconds (0: one try), each try
+    given ``connect_timeout_s``."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection((parts.hostname, port), timeout=1.0):
+            with socket.create_connection((parts.hostname, port), timeout=connect_timeout_s):
                 return True
         except OSError:
             if time.monotonic() >= deadline:
