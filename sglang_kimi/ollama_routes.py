@@ -27,11 +27,11 @@ with "length" or "stop"; the answer builders by one that gives that ``done_reaso
 from __future__ import annotations
 
 import contextvars
-import difflib
 import json
 import time
 
 from sglang_kimi.hooks import hook
+from sglang_kimi.openai_fields import carries_nothing, json_body, named
 
 SERVING = "sglang.srt.entrypoints.ollama.serving.OllamaServing"
 
@@ -83,10 +83,6 @@ DROPPED = {  # request fields SGLang's layer reads into its model and never uses
 _FORMAT: contextvars.ContextVar = contextvars.ContextVar("sglang_kimi_ollama_format", default=None)
 
 
-def _carries_nothing(value) -> bool:
-    return value is None or (isinstance(value, (str, list, dict)) and not value)
-
-
 def _off(options: dict, name: str) -> bool:
     value = options.get(name)
     return value is None or value == (1.0 if name == "repeat_penalty" else 0)
@@ -98,9 +94,7 @@ def options_problem(options) -> str | None:
         return None  # the request model's own check
     for name, value in options.items():
         if name not in OPTIONS:
-            close = difflib.get_close_matches(name, OPTIONS, n=1, cutoff=0.75)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            return f"options holds {name!r}{hint}, not an Ollama option: fix or drop it"
+            return f"options holds {named(name, OPTIONS)}, not an Ollama option: fix or drop it"
         if name in NEUTRAL and value is not None and value != NEUTRAL[name]:
             return f"options {name} {json.dumps(value)}: not served here; drop it or give {NEUTRAL[name]}"
         if name in REFINES and value is not None:
@@ -114,14 +108,12 @@ def options_problem(options) -> str | None:
 def body_problem(handler: str, request, body) -> str | None:
     """What an Ollama request holds that SGLang's layer would drop; None when nothing."""
     if isinstance(body, dict):
-        unknown = [key for key in body if key not in REQUEST_FIELDS[handler] and not _carries_nothing(body[key])]
+        unknown = [key for key in body if key not in REQUEST_FIELDS[handler] and not carries_nothing(body[key])]
         known = [key for key in unknown if key in DROPPED]
         if known:
             return f"{known[0]!r}: {DROPPED[known[0]]}"
         if unknown:
-            close = difflib.get_close_matches(unknown[0], REQUEST_FIELDS[handler], n=1, cutoff=0.75)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            return f"unrecognized request argument {unknown[0]!r}{hint}: fix or drop it"
+            return f"unrecognized request argument {named(unknown[0], REQUEST_FIELDS[handler])}: fix or drop it"
     for message in getattr(request, "messages", None) or []:
         if getattr(message, "images", None):
             return f"'images' in messages: {DROPPED['images']}"
@@ -162,12 +154,7 @@ def answering(handler: str):
     """The AROUND hook on ``OllamaServing.<handler>(self, request, raw_request)``."""
 
     async def checked(original, serving, request, raw_request, *args, **kwargs):
-        # AROUND ``OllamaServing.<handler>(self, request, raw_request)``
-        try:
-            body = json.loads(await raw_request.body())
-        except Exception:  # noqa: BLE001 - a body FastAPI parsed is JSON; anything else is left to SGLang
-            body = None
-        problem = body_problem(handler, request, body)
+        problem = body_problem(handler, request, await json_body(raw_request))
         if problem is not None:
             return _refused(problem)
         token = _FORMAT.set(getattr(request, "format", None))
@@ -224,7 +211,7 @@ def _done_reason(finish_reason) -> str:
 def streaming(route: str):
     """REPLACE for ``OllamaServing._stream_<route>_response(self, gen_request, raw_request, model_name)``."""
 
-    def stream_response(serving, gen_request, raw_request, model_name):
+    async def replaced(serving, gen_request, raw_request, model_name, *args, **kwargs):
         from fastapi.responses import StreamingResponse
 
         async def chunks():
@@ -239,9 +226,6 @@ def streaming(route: str):
                     yield _stream_chunk(serving, route, model_name, "", _done_reason(finish_reason))
 
         return StreamingResponse(chunks(), media_type="application/x-ndjson")
-
-    async def replaced(serving, gen_request, raw_request, model_name, *args, **kwargs):
-        return stream_response(serving, gen_request, raw_request, model_name)
 
     return replaced
 

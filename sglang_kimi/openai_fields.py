@@ -87,7 +87,7 @@ def _message_fields(model) -> frozenset[str]:
     return frozenset(name for m in _models_in(field.annotation) for name in m.model_fields) if field else frozenset()
 
 
-def _carries_nothing(value) -> bool:
+def carries_nothing(value) -> bool:
     return value is None or (isinstance(value, (str, list, dict)) and not value)
 
 
@@ -124,7 +124,7 @@ def unread_fields(model, body: dict, harmless: frozenset = frozenset()) -> str |
             candidates += [
                 ("messages", index, name)
                 for name, value in message.items()
-                if name not in message_fields and not _carries_nothing(value)
+                if name not in message_fields and not carries_nothing(value)
             ]
     if not candidates:
         return None
@@ -189,7 +189,7 @@ def unused_options(model, body: dict) -> str | None:
     return None
 
 
-async def _json_body(raw_request):
+async def json_body(raw_request):
     """The request's JSON body as the client sent it, or None. The bytes, not the body FastAPI parsed: SGLang's
     validators edit that one (reasoning -> effort)."""
     try:
@@ -209,7 +209,7 @@ def _anthropic_message_fields() -> frozenset[str]:
 async def check_anthropic_fields(original, serving, request, raw_request=None, *args, **kwargs):
     """AROUND ``AnthropicServing.handle_messages(self, request, raw_request)`` and ``handle_count_tokens``:
     the body's unread keys answered as Anthropic answers them (HTTP 400, ``invalid_request_error``)."""
-    body = await _json_body(raw_request) if raw_request is not None else None
+    body = await json_body(raw_request) if raw_request is not None else None
     # a token count takes a messages body whole: its sampling options (max_tokens, stream, ...) change no count
     harmless = _anthropic_message_fields() if type(request).__name__ == "AnthropicCountTokensRequest" else frozenset()
     try:
@@ -227,7 +227,7 @@ async def check_openai_fields(original, serving, request, raw_request=None, *arg
     callers pass a ``raw_request`` whose body is another API's, or none)."""
     path = getattr(getattr(raw_request, "url", None), "path", "") or ""
     if any(path.endswith(route) and type(request).__name__ == name for route, name in ROUTES.items()):
-        body = await _json_body(raw_request)
+        body = await json_body(raw_request)
         try:
             problem = (
                 unread_fields(type(request), body) or unused_options(type(request), body)

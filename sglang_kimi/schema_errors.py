@@ -186,6 +186,8 @@ def install_schema_error_messages(target: str):
 
     from fastapi.exceptions import RequestValidationError
 
+    from sglang_kimi.route_validation import route_path
+
     module_name, handler_name = target.rsplit(".", 1)
     module = pkgutil.resolve_name(module_name)
     app = module.app
@@ -196,7 +198,7 @@ def install_schema_error_messages(target: str):
         return "the app already serves; its handlers are fixed"
 
     async def answer_with_digest(request, exc):
-        route = request.url.path.removeprefix(request.scope.get("root_path", ""))
+        route = route_path(request)
         if route.startswith(KEEP_SGLANG_ANSWER):
             return await sglang_handler(request, exc)
         return _answer(route, digest(exc.errors(), getattr(exc, "body", None)))
