@@ -345,8 +345,17 @@ def main(argv=None) -> int:
     if not has_reference and ("eager", "autoregressive") not in configs:
         configs.insert(0, ("eager", "autoregressive"))  # parity needs a reference: serve it first
         print("no usable autoregressive reference: the autoregressive server is served first", flush=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stem = f"serve-{device.replace(' ', '_')}-{stamp}"
+    result = {"device": device, "torch": torch.__version__, "max_new_tokens": opts.max_new_tokens,
+              "dtype": opts.dtype or "checkpoint (bfloat16)", "stand_ins": applied, "rows": []}  # fmt: skip
+    rows = result["rows"]
+
+    def save() -> None:  # after every configuration: a run cut short by its time limit keeps what it measured
+        compare(rows, references)
+        (opts.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+
     start = time.perf_counter()
-    rows = []
     for graphs, mode in configs:
         name = f"{graphs}/{mode}"
         left = opts.deadline_s - (time.perf_counter() - start)
@@ -358,19 +367,15 @@ def main(argv=None) -> int:
         row = run_config(name.replace("/", "-"), args, prompts, opts, opts.out)
         row["config"] = name
         rows.append(row)
+        save()
         print(f"[{time.perf_counter() - start:6.1f} s] {name}: {row.get('error', 'served')}", flush=True)
         if "error" in row:
             print("\n".join(row.get("log_tail", [])), flush=True)
             if mode == "autoregressive" and not any("throughput" in r for r in rows):
                 print("the first autoregressive server did not serve: stopping", flush=True)
                 break
-    compare(rows, references)
+    save()
     print_table(rows, opts.concurrency)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    stem = f"serve-{device.replace(' ', '_')}-{stamp}"
-    result = {"device": device, "torch": torch.__version__, "max_new_tokens": opts.max_new_tokens,
-              "dtype": opts.dtype or "checkpoint (bfloat16)", "stand_ins": applied, "rows": rows}  # fmt: skip
-    (opts.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     plot(rows, opts.out / f"{stem}.png", device)
     failed = [r["config"] for r in rows if "error" in r or r.get("equals_autoregressive") is False]
     return 1 if failed else 0
