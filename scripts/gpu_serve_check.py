@@ -27,6 +27,7 @@ same way). Results: a table, ``serve-<device>-<time>.json`` and ``.png`` in ``--
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import sys
@@ -120,6 +121,9 @@ def gpu_idle_share(events: list[dict]) -> dict:
 
 
 PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.step_phases: the named ranges of a speculative step
+RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # the host's calls into the CUDA (or HIP) runtime and driver
+LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipGraphLaunch"}  # fmt: skip
 
 
 def step_phases(events: list[dict]) -> dict:
@@ -142,11 +146,45 @@ def step_phases(events: list[dict]) -> dict:
         name = e["name"][len(PHASE_PREFIX) :]
         per_phase[name] = per_phase.get(name, 0.0) + e.get("dur", 0) / 1e3 / steps
     out = {"steps": steps, "host_ms_per_step": {k: round(v, 4) for k, v in per_phase.items()}}
+    out.update(_runtime_calls_per_phase(events, ranges, steps))
     if steps > 1:
         period = (starts[-1] - starts[0]) / 1e3 / (steps - 1)
         outside = sum(v for k, v in per_phase.items() if k != "target_forward")
         out.update(step_ms=round(period, 4), host_share_outside_target_forward=outside / period)
     return out
+
+
+def _runtime_calls_per_phase(events: list[dict], ranges: list[dict], steps: int) -> dict:
+    """Per phase and step: the kernels (and CUDA graphs) the host launched, the times it waited for the device
+    (``*Synchronize`` calls: a ``.item()``, a device-to-host copy, a data-dependent shape) and the milliseconds it
+    waited. A phase's calls are those of its thread within its range."""
+    by_thread: dict[tuple, list[dict]] = {}
+    for r in ranges:
+        by_thread.setdefault((r.get("pid"), r.get("tid")), []).append(r)
+    for rs in by_thread.values():
+        rs.sort(key=lambda r: r["ts"])
+    starts = {key: [r["ts"] for r in rs] for key, rs in by_thread.items()}
+    launches: dict[str, float] = {}
+    syncs: dict[str, float] = {}
+    sync_ms: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATEGORIES:
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        i = bisect.bisect_right(starts.get(key, []), e["ts"]) - 1
+        if i < 0 or e["ts"] > by_thread[key][i]["ts"] + by_thread[key][i].get("dur", 0):
+            continue  # outside every phase: the scheduler's own work
+        name = by_thread[key][i]["name"][len(PHASE_PREFIX) :]
+        if e["name"] in LAUNCH_CALLS:
+            launches[name] = launches.get(name, 0) + 1 / steps
+        elif "Synchronize" in e["name"]:
+            syncs[name] = syncs.get(name, 0) + 1 / steps
+            sync_ms[name] = sync_ms.get(name, 0.0) + e.get("dur", 0) / 1e3 / steps
+    return {
+        "launches_per_step": {k: round(v, 2) for k, v in launches.items()},
+        "syncs_per_step": {k: round(v, 2) for k, v in syncs.items()},
+        "sync_ms_per_step": {k: round(v, 4) for k, v in sync_ms.items()},
+    }
 
 
 def _growing(path: Path, interval_s: float = 0.5) -> bool:
@@ -260,6 +298,22 @@ def print_table(rows: list[dict], concurrency: list[int]) -> None:
         host = ((row.get("profile") or {}).get("phases") or {}).get("host_share_outside_target_forward")
         host = "-" if host is None else f"{host:.1%}"  # the tree worker's host phases outside the target forward
         print(f"{row['config']:<24}{row['ready_s']:>8.1f}{tau:>6}  {same:<5}{tps}{idle:>10}{host:>8}")
+    for row in rows:
+        print_phases(row)
+
+
+def print_phases(row: dict) -> None:
+    """A tree worker's step, phase by phase: host ms, kernel launches and waits for the device per step."""
+    phases = ((row.get("profile") or {}).get("phases")) or {}
+    if not phases.get("host_ms_per_step"):
+        return
+    print(f"\n{row['config']}: {phases['steps']} steps of {phases.get('step_ms', float('nan')):.2f} ms (profiled)")
+    print(f"  {'phase':<18}{'host ms':>9}{'launches':>10}{'syncs':>7}{'sync ms':>9}")
+    for name, ms in phases["host_ms_per_step"].items():
+        launches = phases.get("launches_per_step", {}).get(name, 0)
+        syncs = phases.get("syncs_per_step", {}).get(name, 0)
+        sync_ms = phases.get("sync_ms_per_step", {}).get(name, 0.0)
+        print(f"  {name:<18}{ms:>9.3f}{launches:>10.1f}{syncs:>7.1f}{sync_ms:>9.3f}")
 
 
 def plot(rows: list[dict], path: Path, device: str) -> None:

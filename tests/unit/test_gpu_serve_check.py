@@ -125,6 +125,37 @@ def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(chec
     }
     assert result["step_ms"] == pytest.approx(1.0)
     assert result["host_share_outside_target_forward"] == pytest.approx(0.3)  # (0.05 + 0.15 + 0.1) / 1.0
+    assert result["launches_per_step"] == {} and result["syncs_per_step"] == {}  # no runtime calls in this trace
     other = tmp_path / "chain.trace.json"
     other.write_text(json.dumps({"traceEvents": events[-3:]}))
     assert check.step_phases(check.trace_events(other)) == {}  # SGLang's own worker marks no phases
+
+
+def test_each_phase_counts_the_launches_and_waits_of_its_own_thread(check, tmp_path, capsys):
+    def event(cat, name, ts, dur, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+    events = []
+    for start in (0, 1000):  # two steps
+        events += [event("user_annotation", "sglang_kimi.draft_forward", start, 300)]
+        events += [event("user_annotation", "sglang_kimi.verify_accept", start + 300, 500)]
+        events += [event("cuda_runtime", "cudaLaunchKernel", start + 10 * i, 5) for i in range(3)]  # draft: 3
+        events += [event("cuda_driver", "cuLaunchKernelEx", start + 100, 5)]  # a Triton launch: the driver's call
+        events += [event("cuda_runtime", "cudaStreamSynchronize", start + 400, 120)]  # verify waits once
+        events += [event("cuda_runtime", "cudaLaunchKernel", start + 500, 5)]
+    events += [
+        event("cuda_runtime", "cudaLaunchKernel", 900, 5),  # between the phases: the scheduler's own
+        event("cuda_runtime", "cudaLaunchKernel", 50, 5, tid=2),  # another thread, inside a phase's time
+        event("cuda_runtime", "cudaMemcpyAsync", 20, 5),  # neither a launch nor a wait
+        event("kernel", "gemm", 10, 50),
+    ]
+    trace = tmp_path / "t.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    result = check.step_phases(check.trace_events(trace))
+    assert result["launches_per_step"] == {"draft_forward": 4, "verify_accept": 1}
+    assert result["syncs_per_step"] == {"verify_accept": 1}
+    assert result["sync_ms_per_step"] == {"verify_accept": pytest.approx(0.12)}
+    check.print_phases({"config": "graphs/dflash-tree-8", "profile": {"phases": result}})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].split() == ["draft_forward", "0.300", "4.0", "0.0", "0.000"]
+    assert lines[-1].split() == ["verify_accept", "0.500", "1.0", "1.0", "0.120"]
