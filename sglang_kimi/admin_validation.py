@@ -10,7 +10,10 @@ ends the scheduler (and with it the server), or makes every later request fail:
   (an ImportError in the scheduler); an unknown activity name starts nothing and says it started;
 - ``/configure_logging`` with a ``log_requests_level`` outside 0-3 or a ``log_requests_format`` other than
   ``text`` / ``json``: SGLang stores the value, then fails to use it, so while request logging is on every later
-  request is answered HTTP 500.
+  request is answered HTTP 500;
+- ``/slow_down`` with a ``forward_sleep_time`` the scheduler cannot sleep (1e300: an OverflowError in the next batch
+  ends the scheduler) or one that trips the scheduler's watchdog, which ends the server when no batch finishes within
+  ``--watchdog-timeout``.
 
 A failed ``/start_profile`` or ``/stop_profile`` (stopping a profile that is not running, say) is a 400 carrying the
 scheduler's message instead of a 500. Each refusal is a ``fastapi.HTTPException`` (status 400), which SGLang's
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 
 from sglang_kimi.hooks import hook
 
@@ -98,9 +102,37 @@ def check_configure_logging(tokenizer_manager, obj, *args, **kwargs):
     return None
 
 
+MAX_SLEEP_WITHOUT_WATCHDOG_S = 86400.0  # no watchdog to trip: a day per batch is already a stopped server
+
+
+def check_slow_down(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE ``slow_down(self, obj)``: a sleep before each batch that the scheduler can take and survive."""
+    sleep = getattr(obj, "forward_sleep_time", None)
+    if sleep is None:
+        return None  # SGLang's "no slow-down"
+    if isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not math.isfinite(sleep):
+        _refuse(f"forward_sleep_time is {sleep!r}: give the seconds to sleep before each batch, or 0 or null to stop")
+    if sleep <= 0:
+        return None  # SGLang's "stop slowing down"
+    watchdog = getattr(tokenizer_manager.server_args, "watchdog_timeout", None)
+    if watchdog is not None and watchdog > 0:
+        # the watchdog ends the server when no batch finishes within its timeout; the batch's own time adds to the
+        # sleep, so half the timeout is the bound
+        if sleep >= watchdog / 2:
+            _refuse(
+                f"forward_sleep_time {sleep:g} s would trip the scheduler's watchdog "
+                f"(--watchdog-timeout {watchdog:g} s), which ends the server: give less than {watchdog / 2:g} s, "
+                "or start the server with a larger --watchdog-timeout"
+            )
+    elif sleep > MAX_SLEEP_WITHOUT_WATCHDOG_S:
+        _refuse(f"forward_sleep_time {sleep:g} s: give at most {MAX_SLEEP_WITHOUT_WATCHDOG_S:g} s (a day per batch)")
+    return None
+
+
 def install_admin_validation(target: str):
     hook(target, check_configure_logging, "BEFORE")
     for action in ("start", "stop", "dump"):
         hook(f"{TOKENIZER_MANAGER}.{action}_expert_distribution_record", check_expert_distribution, "BEFORE")
     hook(f"{TOKENIZER_MANAGER}.start_profile", check_profile_activities, "BEFORE")
     hook(f"{TOKENIZER_MANAGER}._execute_profile", profile_failure_is_400, "AROUND")
+    hook(f"{TOKENIZER_MANAGER}.slow_down", check_slow_down, "BEFORE")

@@ -366,8 +366,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "upstream gap: admin requests end a serving server: the expert distribution endpoints without "
         "--expert-distribution-recorder-mode and /start_profile with an activity the server cannot record (any but "
         "CPU on a CPU server, RPD without rpdTracerControl) end the scheduler; /configure_logging with a "
-        "log_requests_level outside 0-3 makes every later request HTTP 500. Refused with HTTP 400 naming the fix; a "
-        "failed /start_profile or /stop_profile is a 400 instead of a 500",
+        "log_requests_level outside 0-3 makes every later request HTTP 500; /slow_down with a sleep time the scheduler "
+        "cannot sleep (1e300) ends it at the next batch, and one past the watchdog's timeout ends the server. Refused "
+        "with HTTP 400 naming the fix; a failed /start_profile or /stop_profile is a 400 instead of a 500",
         needs=(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
             "sglang.srt.managers.tokenizer_manager.TokenizerManager.start_expert_distribution_record",
@@ -375,6 +376,7 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.srt.managers.tokenizer_manager.TokenizerManager.dump_expert_distribution_record",
             "sglang.srt.managers.tokenizer_manager.TokenizerManager.start_profile",
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._execute_profile",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.slow_down",
         ),
     ),
     Entry(
@@ -449,6 +451,13 @@ REGISTRATIONS: tuple[Entry, ...] = (
             "sglang.srt.entrypoints.http_server.app",
             "sglang.srt.entrypoints.openai.protocol.ErrorResponse",
         ),
+    ),
+    Entry(
+        "session-timeout",
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.open_session",
+        "sglang_kimi.sessions:install_session_timeout_check",
+        "upstream gap: /open_session with a timeout of 0 or less answers the session's id and closes the session at "
+        "the scheduler's next pass, so every request naming it fails; refused with HTTP 400",
     ),
     Entry(
         "session-restart",

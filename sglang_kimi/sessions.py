@@ -20,9 +20,15 @@ KV, which the next turn then attends to as the bonus token's. Its outputs differ
 (the tiny model: the last token of a 24-token turn, with DFLASH chains and trees and EAGLE3 trees alike). An AROUND
 hook lowers the committed count of the session's KV to one short of the finished turn, so the next turn prefills its
 last token, as autoregressively (one token more to prefill per turn, where the last token's KV was already right).
+
+**A session's timeout** (``/open_session``): SGLang closes a session idle for longer than ``timeout`` seconds. A
+timeout of 0 or less opened the session, answered its id, and closed it at the scheduler's next pass, so every request
+naming it failed; a BEFORE hook refuses it with HTTP 400.
 """
 
 from __future__ import annotations
+
+import math
 
 from sglang_kimi.hooks import hook
 
@@ -46,6 +52,26 @@ def commit_all_but_the_last_token(original, sessions, req, *args, **kwargs):
         last_token = len(req.origin_input_ids) + len(req.output_ids) - 1  # output_ids: trimmed to the finished length
         slot.kv.kv_committed_len = min(slot.kv.kv_committed_len, last_token)
     return handled
+
+
+def check_session_timeout(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE ``TokenizerManager.open_session(self, obj, ...)``: a timeout the session can live with, or none."""
+    timeout = getattr(obj, "timeout", None)
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        from fastapi import HTTPException
+
+        raise HTTPException(
+            status_code=400,
+            detail=f"timeout is {timeout!r}: give the seconds a session may stay idle before it is closed (more "
+            "than 0), or leave it out for a session that stays open until /close_session",
+        )
+    return None
+
+
+def install_session_timeout_check(target: str):
+    hook(target, check_session_timeout, "BEFORE")
 
 
 def install_session_restart(target: str):

@@ -184,6 +184,8 @@ MATRIX = [
     ("profiling memory on a CPU server", "/start_profile", {"activities": ["CPU", "MEM"]}, "4xx"),
     ("stopping a profile that is not running", "/stop_profile", {}, "4xx"),
     ("request logging at level 5", "/configure_logging", {"log_requests": True, "log_requests_level": 5}, "4xx"),
+    ("a sleep the scheduler cannot take", "/slow_down", {"forward_sleep_time": 1e300}, "4xx"),
+    ("a session that times out at once", "/open_session", {"capacity_of_str_len": 100, "timeout": 0}, "4xx"),
     # side routes that answered HTTP 500
     ("unknown tool-call parser", "/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []}, "4xx"),
     ("no tool-call parser", "/parse_function_call", {"text": "x", "tools": []}, "4xx"),

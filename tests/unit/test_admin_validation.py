@@ -11,6 +11,7 @@ from sglang_kimi.admin_validation import (
     check_configure_logging,
     check_expert_distribution,
     check_profile_activities,
+    check_slow_down,
     profile_failure_is_400,
 )
 
@@ -92,3 +93,32 @@ def test_logging_values_sglang_would_fail_on_are_refused(fields, message):
 )
 def test_logging_values_sglang_serves_pass(fields):
     assert check_configure_logging(manager(), logging_request(**fields)) is None
+
+
+def sleeper(watchdog):
+    return SimpleNamespace(server_args=SimpleNamespace(watchdog_timeout=watchdog))
+
+
+@pytest.mark.parametrize(
+    "sleep, watchdog, message",
+    [
+        (1e300, 300.0, "would trip the scheduler's watchdog (--watchdog-timeout 300 s)"),
+        (150.0, 300.0, "give less than 150 s"),
+        (20.0, 10.0, "--watchdog-timeout 10 s"),
+        (float("inf"), 300.0, "forward_sleep_time is inf"),
+        (float("nan"), None, "forward_sleep_time is nan"),
+        (True, 300.0, "forward_sleep_time is True"),
+        ("5", 300.0, "forward_sleep_time is '5'"),
+        (1e300, None, "give at most 86400 s"),
+    ],
+)
+def test_a_sleep_the_scheduler_cannot_take_or_survive_is_refused(sleep, watchdog, message):
+    obj = SimpleNamespace(forward_sleep_time=sleep)
+    assert message in refused(check_slow_down, sleeper(watchdog), obj)
+
+
+@pytest.mark.parametrize(
+    "sleep, watchdog", [(None, 300.0), (0, 300.0), (-3.0, 300.0), (0.5, 300.0), (149.9, 300.0), (3600.0, None)]
+)
+def test_sleeps_the_scheduler_survives_and_stopping_pass(sleep, watchdog):
+    assert check_slow_down(sleeper(watchdog), SimpleNamespace(forward_sleep_time=sleep)) is None
