@@ -12,7 +12,8 @@ SGLang's Ollama layer (``entrypoints/ollama/serving.py``, 0.5.20 to 0.5.23) has 
 - ``format`` (JSON output) is dropped, as are ``think``, message ``images`` and ``/api/generate``'s ``suffix``,
   ``template``, ``context`` and ``images``, and body keys the request models lack (``tools`` on ``/api/chat``);
 - a stream drops the text of its last output (the tokens of the last decode step: one token autoregressively, every
-  token a speculative step accepted); streamed or not, ``done_reason`` is "stop" when ``num_predict`` ended it.
+  token a speculative step accepted), and its last chunk has no token counts or duration, which Ollama's has;
+  streamed or not, ``done_reason`` is "stop" when ``num_predict`` ended it.
 
 AROUND hooks on ``OllamaServing.handle_chat`` / ``handle_generate`` refuse what would be dropped (:func:`body_problem`,
 :func:`options_problem`) and answer the request checks' errors with HTTP 400, Ollama's ``{"error": ...}`` shape; a
@@ -21,7 +22,8 @@ streaming request's first chunk is awaited before the response starts, so its er
 ``repetition_penalty``, ``min_p`` as it is, and ``format`` to a JSON schema (``"json"``: any JSON object, as SGLang
 serves OpenAI's ``json_object``). ``/api/generate`` sends the prompt as it is (Ollama's ``raw``); that is left as
 SGLang serves it. The stream builders are replaced by one that sends every output's new text, then the final chunk
-with "length" or "stop"; the answer builders by one that gives that ``done_reason`` too.
+with "length" or "stop" and the answer's ``total_duration``, ``prompt_eval_count`` and ``eval_count``; the answer
+builders by one that gives that ``done_reason`` too.
 """
 
 from __future__ import annotations
@@ -187,8 +189,11 @@ def sampling_params(original, serving, options=None, *args, **kwargs):
     return params
 
 
-def _stream_chunk(serving, route: str, model_name: str, text: str, done_reason: str | None) -> bytes:
-    """One line of an Ollama stream, in SGLang's response models."""
+def _stream_chunk(
+    serving, route: str, model_name: str, text: str, done_reason: str | None, counts: dict | None = None
+) -> bytes:
+    """One line of an Ollama stream, in SGLang's response models; the last one (``done``) with ``counts``, the
+    answer's duration and token counts, as Ollama ends a stream (SGLang's stream models have no such fields)."""
     import orjson
     from sglang.srt.entrypoints.ollama import protocol
 
@@ -200,7 +205,16 @@ def _stream_chunk(serving, route: str, model_name: str, text: str, done_reason: 
         )
     else:
         response = protocol.OllamaGenerateStreamResponse(response=text, **fields)
-    return orjson.dumps(response.model_dump()) + b"\n"
+    return orjson.dumps({**response.model_dump(), **(counts or {})}) + b"\n"
+
+
+def _counts(meta: dict, start_ns: int) -> dict:
+    """What Ollama reports when an answer is done: its duration (ns) and the prompt's and the output's tokens."""
+    return {
+        "total_duration": time.time_ns() - start_ns,
+        "prompt_eval_count": meta.get("prompt_tokens"),
+        "eval_count": meta.get("completion_tokens"),
+    }
 
 
 def _done_reason(finish_reason) -> str:
@@ -215,15 +229,16 @@ def streaming(route: str):
         from fastapi.responses import StreamingResponse
 
         async def chunks():
-            sent = ""
+            sent, start = "", time.time_ns()
             async for output in serving.tokenizer_manager.generate_request(gen_request, raw_request):
                 text = output.get("text", "")
-                finish_reason = (output.get("meta_info") or {}).get("finish_reason")
+                meta = output.get("meta_info") or {}
                 if len(text) > len(sent):  # the last output's text too (SGLang's stream dropped it)
                     yield _stream_chunk(serving, route, model_name, text[len(sent) :], None)
                     sent = text
-                if finish_reason is not None:
-                    yield _stream_chunk(serving, route, model_name, "", _done_reason(finish_reason))
+                if meta.get("finish_reason") is not None:
+                    done_reason = _done_reason(meta["finish_reason"])
+                    yield _stream_chunk(serving, route, model_name, "", done_reason, _counts(meta, start))
 
         return StreamingResponse(chunks(), media_type="application/x-ndjson")
 
@@ -245,9 +260,7 @@ def answer(route: str):
             "created_at": serving._get_timestamp(),
             "done": True,
             "done_reason": _done_reason(meta.get("finish_reason")),
-            "total_duration": time.time_ns() - start,
-            "prompt_eval_count": meta.get("prompt_tokens"),
-            "eval_count": meta.get("completion_tokens"),
+            **_counts(meta, start),
         }
         text = output.get("text", "")
         if route == "chat":

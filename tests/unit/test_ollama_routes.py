@@ -192,7 +192,8 @@ class Outputs:
     async def generate_request(self, gen_request, raw_request):
         for index, text in enumerate(self.texts):
             last = index == len(self.texts) - 1
-            yield {"text": text, "meta_info": {"finish_reason": self.finish_reason if last else None}}
+            meta = {"finish_reason": self.finish_reason if last else None, "prompt_tokens": 9}
+            yield {"text": text, "meta_info": {**meta, "completion_tokens": index + 1}}
 
 
 @pytest.mark.parametrize("route, field", [("chat", "message"), ("generate", "response")])
@@ -215,6 +216,10 @@ def test_a_stream_carries_its_last_outputs_text_and_why_it_ended(route, field, f
     assert "".join(texts) == "He has 8 apples."
     assert [chunk["done"] for chunk in chunks] == [False, False, False, True]
     assert chunks[-1]["done_reason"] == done_reason and texts[-1] == ""
+    # the last chunk reports the answer's counts, as Ollama's does; the others none
+    assert (chunks[-1]["prompt_eval_count"], chunks[-1]["eval_count"]) == (9, 3)
+    assert chunks[-1]["total_duration"] >= 0
+    assert not any("eval_count" in chunk for chunk in chunks[:-1])
 
 
 @pytest.mark.parametrize("route", ["chat", "generate"])
