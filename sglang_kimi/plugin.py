@@ -480,7 +480,8 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "top_k 0, a prompt beyond the context, no messages) with HTTP 500, or a stream cut after its headers; any "
         "request with the seed option is HTTP 500 (passed on as a keyword SamplingParams lacks); repeat_penalty, "
         "min_p, misspelt options, format, think, images, suffix, template and context are dropped without a word; a "
-        "stream drops its last output's text, and done_reason says stop when num_predict ended it. "
+        "stream drops its last output's text and ends without token counts, and done_reason says stop when "
+        "num_predict ended it. "
         'Errors answer HTTP 400 ({"error": ...}); seed, repeat_penalty, min_p and format are served; what cannot '
         "be is refused, naming it",
         needs=(

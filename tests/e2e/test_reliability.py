@@ -415,6 +415,8 @@ def test_ollama_generate_serves_the_autoregressive_greedy_output(tree_server, ti
         chunks = [json.loads(line) for line in response.text.splitlines() if line.strip()]
         assert chunks[-1]["done"] is True
         assert "".join(chunk["response"] for chunk in chunks) == reference["text"]
+        assert chunks[-1]["eval_count"] == reference["meta_info"]["completion_tokens"], stream
+        assert chunks[-1]["prompt_eval_count"] == reference["meta_info"]["prompt_tokens"], stream
 
 
 def session_turn(
