@@ -24,6 +24,14 @@ unknown keys too; Anthropic's API refuses them as extra inputs), and refused in 
 Some options are read only together with another: chat's ``top_logprobs`` without ``logprobs: true`` was answered
 without log-probabilities, and ``stream_options`` without ``stream: true`` was read by nothing; OpenAI refuses such a
 request, and so does this hook.
+
+A chat request's ``chat_template_kwargs`` become variables of the chat template, passed to the tokenizer's
+``apply_chat_template`` together with the arguments SGLang gives it itself. A key named like one of that call's own
+parameters is not a template variable: ``add_generation_prompt``, ``tools`` or ``messages`` clashed with SGLang's own
+argument (HTTP 500, "Internal server error: 'tools'"), and the others (``tokenize``, ``truncation``,
+``max_length``, ``return_tensors``, ...) would change how the prompt is rendered or tokenized. They are refused,
+naming the request field that serves the purpose. ``chat_template`` (SGLang reads it) and ``documents`` (a template
+input) pass.
 """
 
 from __future__ import annotations
@@ -67,6 +75,45 @@ NOT_SERVED = {
     "web_search_options": "this server does not search the web",
     "verbosity": "not served: ask for the length in the prompt, or bound it with max_tokens",
 }
+
+
+_TOKENIZED_BY_THE_SERVER = "the server renders the template to text and tokenizes the prompt itself: drop it"
+# apply_chat_template's own parameters (transformers), with what to send instead of a chat_template_kwargs key
+TEMPLATE_CALL_ARGUMENTS = {
+    "conversation": "send the conversation as the request's messages",
+    "messages": "send the conversation as the request's messages",
+    "tools": "send tools as the request's tools",
+    "add_generation_prompt": "the server opens the assistant's turn itself; to continue the last assistant message "
+    'instead, send "continue_final_message": true as a request field',
+    "continue_final_message": "send continue_final_message as a request field",
+    **dict.fromkeys(
+        (
+            "tokenize",
+            "padding",
+            "truncation",
+            "max_length",
+            "return_tensors",
+            "return_dict",
+            "return_assistant_tokens_mask",
+            "tokenizer_kwargs",
+        ),
+        _TOKENIZED_BY_THE_SERVER,
+    ),  # fmt: skip
+}
+
+
+def template_call_arguments(model, body: dict) -> str | None:
+    """A chat request's ``chat_template_kwargs`` key that is an argument of the template call, not a variable."""
+    kwargs = body.get("chat_template_kwargs")
+    if model.__name__ != "ChatCompletionRequest" or not isinstance(kwargs, dict):
+        return None
+    clash = [key for key in kwargs if key in TEMPLATE_CALL_ARGUMENTS]
+    if not clash:
+        return None
+    return (
+        f"chat_template_kwargs {clash[0]!r} is an argument of the chat template call, not a template variable: "
+        f"{TEMPLATE_CALL_ARGUMENTS[clash[0]]}"
+    )
 
 
 def _no_effect(name: str, value) -> bool:
@@ -230,7 +277,9 @@ async def check_openai_fields(original, serving, request, raw_request=None, *arg
         body = await json_body(raw_request)
         try:
             problem = (
-                unread_fields(type(request), body) or unused_options(type(request), body)
+                unread_fields(type(request), body)
+                or unused_options(type(request), body)
+                or template_call_arguments(type(request), body)
                 if isinstance(body, dict)
                 else None
             )

@@ -324,7 +324,9 @@ REGISTRATIONS: tuple[Entry, ...] = (
         "a misspelt option (temprature), another server's (guided_json) or an OpenAI option SGLang does not "
         "implement (functions, audio) was served as if not sent, and a chat message's misspelt key (a system "
         "message's contents) served the message empty; refused with HTTP 400 naming the keys (and the option "
-        "meant), as OpenAI refuses them. OpenAI's billing, storage and caching hints are served as before",
+        "meant), as OpenAI refuses them. OpenAI's billing, storage and caching hints are served as before. A "
+        "chat_template_kwargs key that is an argument of apply_chat_template itself (tools, add_generation_prompt: "
+        "HTTP 500; truncation, tokenize) is refused naming the request field to use",
         needs=(
             "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
             "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.create_error_response",

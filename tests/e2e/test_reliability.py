@@ -186,6 +186,12 @@ MATRIX = [
     ("request logging at level 5", "/configure_logging", {"log_requests": True, "log_requests_level": 5}, "4xx"),
     ("a sleep the scheduler cannot take", "/slow_down", {"forward_sleep_time": 1e300}, "4xx"),
     ("a session that times out at once", "/open_session", {"capacity_of_str_len": 100, "timeout": 0}, "4xx"),
+    (
+        "a chat template kwarg that is the template call's own argument",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "chat_template_kwargs": {"tools": 7}},
+        "4xx",
+    ),
     # side routes that answered HTTP 500
     ("unknown tool-call parser", "/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []}, "4xx"),
     ("no tool-call parser", "/parse_function_call", {"text": "x", "tools": []}, "4xx"),

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from sglang_kimi.openai_fields import unread_fields, unused_options
+from sglang_kimi.openai_fields import template_call_arguments, unread_fields, unused_options
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -150,6 +150,33 @@ def test_stream_options_need_stream(models, kind):
         assert problem is not None and "stream_options without stream true" in problem, problem
     for extra in ({"stream_options": {"include_usage": True}, "stream": True}, {"stream_options": None}, {}):
         assert unused_options(model, {**base, **extra}) is None, extra
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"add_generation_prompt": False}, ["'add_generation_prompt' is an argument", "continue_final_message"]),
+        ({"enable_thinking": True, "tools": []}, ["'tools'", "send tools as the request's tools"]),
+        ({"messages": 5}, ["'messages'", "request's messages"]),
+        ({"truncation": True, "max_length": 8}, ["'truncation'", "tokenizes the prompt itself"]),
+        ({"return_tensors": "pt"}, ["'return_tensors'"]),
+        ({"continue_final_message": True}, ["as a request field"]),
+    ],
+)
+def test_template_call_arguments_are_not_template_variables(models, kwargs, words):
+    """chat_template_kwargs keys that clash with apply_chat_template's own parameters (SGLang answered HTTP 500 for
+    the ones it passes itself) are refused, naming the field that serves the purpose."""
+    model, base = models["chat"]
+    problem = template_call_arguments(model, {**base, "chat_template_kwargs": kwargs})
+    assert problem is not None and all(word in problem for word in words), problem
+
+
+def test_template_variables_pass(models):
+    model, base = models["chat"]
+    for kwargs in ({"enable_thinking": False}, {"thinking": True, "documents": [], "chat_template": "x"}, {}, None):
+        assert template_call_arguments(model, {**base, "chat_template_kwargs": kwargs}) is None, kwargs
+    completion, body = models["completion"]  # no chat template on that route
+    assert template_call_arguments(completion, {**body, "chat_template_kwargs": {"tools": 1}}) is None
 
 
 ANTHROPIC = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
