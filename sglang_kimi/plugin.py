@@ -455,6 +455,24 @@ REGISTRATIONS: tuple[Entry, ...] = (
         ),
     ),
     Entry(
+        "memory-occupation",
+        "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.release_memory_occupation",
+        "sglang_kimi.memory_occupation:install_memory_occupation_checks",
+        "upstream bug: /release_memory_occupation while requests run fails an assertion in the scheduler, and "
+        "/resume_memory_occupation of a region not released raises KeyError there; either ends the server. A "
+        "release with requests in flight (generation not paused) and unknown tags are refused with HTTP 400; a "
+        "release that still finds requests running releases nothing, a resume resumes only what was released",
+        needs=(
+            "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.release_memory_occupation",
+            "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.resume_memory_occupation",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.release_memory_occupation",
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.resume_memory_occupation",
+            "sglang.srt.managers.io_struct.ReleaseMemoryOccupationReqOutput",
+            "sglang.srt.managers.io_struct.ResumeMemoryOccupationReqOutput",
+            "sglang.srt.constants.GPU_MEMORY_ALL_TYPES",
+        ),
+    ),
+    Entry(
         "session-timeout",
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.open_session",
         "sglang_kimi.sessions:install_session_timeout_check",

@@ -186,6 +186,8 @@ MATRIX = [
     ("request logging at level 5", "/configure_logging", {"log_requests": True, "log_requests_level": 5}, "4xx"),
     ("a sleep the scheduler cannot take", "/slow_down", {"forward_sleep_time": 1e300}, "4xx"),
     ("a session that times out at once", "/open_session", {"capacity_of_str_len": 100, "timeout": 0}, "4xx"),
+    ("memory released under an unknown tag", "/release_memory_occupation", {"tags": ["kv"]}, "4xx"),
+    ("memory resumed that was never released", "/resume_memory_occupation", {}, lambda o: o is None),
     (
         "a chat template kwarg that is the template call's own argument",
         "/v1/chat/completions",
@@ -408,6 +410,20 @@ def test_bad_and_unusual_requests(tree_server, tiny_server):
         assert serves(url), f"the server does not serve after: {name}"
     after = [o["output_ids"] for o in generate_all(url, prompts, 1, max_new_tokens=24)]
     assert after == before, "greedy output after the matrix differs from the non-speculative server's"
+
+
+def test_a_memory_release_while_a_request_runs_is_refused_and_the_request_finishes(tree_server):
+    """SGLang's scheduler asserted that it was idle, which ended the server."""
+    url = tree_server.base_url
+    payload = {"text": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}, "stream": True}
+    with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as stream:
+        lines = (line for line in stream.iter_lines() if line.startswith(b"data: {"))
+        next(lines)  # the request is being decoded
+        response = post(url, "/release_memory_occupation", {})
+        last = json.loads([line for line in lines][-1][len(b"data: ") :])
+    assert response.status_code == 400 and "being served" in response.text, response.text[:300]
+    assert last["meta_info"]["completion_tokens"] == 300
+    assert serves(url)
 
 
 def test_ollama_generate_serves_the_autoregressive_greedy_output(tree_server, tiny_server):
