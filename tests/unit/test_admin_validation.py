@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from fastapi import HTTPException
+from support.refusals import refused
 
 from sglang_kimi.admin_validation import (
     check_configure_logging,
@@ -18,13 +19,6 @@ from sglang_kimi.admin_validation import (
 
 def manager(device="cuda", recorder=None):
     return SimpleNamespace(server_args=SimpleNamespace(device=device, expert_distribution_recorder_mode=recorder))
-
-
-def refused(call, *args) -> str:
-    with pytest.raises(HTTPException) as info:
-        call(*args)
-    assert info.value.status_code == 400
-    return info.value.detail
 
 
 def test_expert_distribution_needs_the_recorder_mode():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from fastapi import HTTPException
+from support.refusals import refused
 
 from sglang_kimi import memory_occupation
 from sglang_kimi.memory_occupation import check_release, check_resume, release_when_idle, resume_what_was_released
@@ -21,13 +21,6 @@ def replies(monkeypatch):
 
 def tokenizer(in_flight=0, paused=False):
     return SimpleNamespace(rid_to_state={f"r{i}": object() for i in range(in_flight)}, is_pause=paused)
-
-
-def refused(call, *args) -> str:
-    with pytest.raises(HTTPException) as info:
-        call(*args)
-    assert info.value.status_code == 400
-    return info.value.detail
 
 
 def test_a_release_while_requests_are_served_is_refused():
