@@ -1,4 +1,5 @@
-"""SGLang's sessions made safe to serve: a session started over, and a streaming session on a speculative server.
+"""SGLang's sessions made safe to serve: a session started over, a streaming session on a speculative server, a
+session's timeout.
 
 **A session started over.** A ``/generate`` request with ``session_params: {"id": ..., "replace": true}`` and no
 ``rid`` asks SGLang to drop the session's whole history and start it again from the new prompt.
