@@ -35,16 +35,22 @@ LOG_REQUESTS_FORMATS = ("text", "json")
 PROFILER_ACTIVITIES = ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD", "XPU")
 
 
-def _refuse(message: str):
+def refuse(message: str):
+    """A tokenizer-side check's refusal: HTTP 400 with ``message``, which SGLang's route answers as an error object."""
     from fastapi import HTTPException
 
     raise HTTPException(status_code=400, detail=message)
 
 
+def finite_number(value) -> bool:
+    """A JSON number that is finite (not a boolean, a string, inf or nan)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def check_expert_distribution(tokenizer_manager, *args, **kwargs):
     """BEFORE the start / stop / dump of the expert distribution record."""
     if getattr(tokenizer_manager.server_args, "expert_distribution_recorder_mode", None) is None:
-        _refuse(
+        refuse(
             "this server records no expert distribution: start it with --expert-distribution-recorder-mode "
             "(stat, stat_approx, per_pass or per_token) to use the expert distribution endpoints"
         )
@@ -70,13 +76,13 @@ def check_profile_activities(tokenizer_manager, req=None, *args, **kwargs):
     known = PROFILER_ACTIVITIES + tuple(filter(None, [_platform_activity()]))
     unknown = [name for name in activities if name not in known]
     if unknown:
-        _refuse(f"unknown profiler activities {unknown}: choose from {list(known)}")
+        refuse(f"unknown profiler activities {unknown}: choose from {list(known)}")
     if str(getattr(tokenizer_manager.server_args, "device", "")) == "cpu":
         on_device = [name for name in activities if name != "CPU"]
         if on_device:
-            _refuse(f"this server runs on the CPU and cannot record {on_device}: profile with activities ['CPU']")
+            refuse(f"this server runs on the CPU and cannot record {on_device}: profile with activities ['CPU']")
     if "RPD" in activities and importlib.util.find_spec("rpdTracerControl") is None:
-        _refuse("the RPD activity needs ROCm's rpdTracerControl (rocmProfileData) installed in the server's Python")
+        refuse("the RPD activity needs ROCm's rpdTracerControl (rocmProfileData) installed in the server's Python")
     return None
 
 
@@ -85,20 +91,20 @@ async def profile_failure_is_400(original, tokenizer_manager, req, *args, **kwar
     try:
         return await original(tokenizer_manager, req, *args, **kwargs)
     except RuntimeError as exc:
-        _refuse(f"profiling: {exc}")
+        refuse(f"profiling: {exc}")
 
 
 def check_configure_logging(tokenizer_manager, obj, *args, **kwargs):
     """BEFORE ``configure_logging(self, obj)``: values SGLang would store and then fail on."""
     level = getattr(obj, "log_requests_level", None)
     if level is not None and level not in LOG_REQUESTS_LEVELS:
-        _refuse(f"log_requests_level is {level!r}: give 0, 1, 2 or 3 (more of each request is logged at each level)")
+        refuse(f"log_requests_level is {level!r}: give 0, 1, 2 or 3 (more of each request is logged at each level)")
     fmt = getattr(obj, "log_requests_format", None)
     if fmt is not None and fmt not in LOG_REQUESTS_FORMATS:
-        _refuse(f"log_requests_format is {fmt!r}: give 'text' or 'json'")
+        refuse(f"log_requests_format is {fmt!r}: give 'text' or 'json'")
     log_level = getattr(obj, "log_level", None)
     if log_level is not None and not isinstance(logging.getLevelName(str(log_level).upper()), int):
-        _refuse(f"log_level is {log_level!r}: give a logging level name such as 'info', 'warning' or 'debug'")
+        refuse(f"log_level is {log_level!r}: give a logging level name such as 'info', 'warning' or 'debug'")
     return None
 
 
@@ -110,8 +116,8 @@ def check_slow_down(tokenizer_manager, obj, *args, **kwargs):
     sleep = getattr(obj, "forward_sleep_time", None)
     if sleep is None:
         return None  # SGLang's "no slow-down"
-    if isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not math.isfinite(sleep):
-        _refuse(f"forward_sleep_time is {sleep!r}: give the seconds to sleep before each batch, or 0 or null to stop")
+    if not finite_number(sleep):
+        refuse(f"forward_sleep_time is {sleep!r}: give the seconds to sleep before each batch, or 0 or null to stop")
     if sleep <= 0:
         return None  # SGLang's "stop slowing down"
     watchdog = getattr(tokenizer_manager.server_args, "watchdog_timeout", None)
@@ -119,13 +125,13 @@ def check_slow_down(tokenizer_manager, obj, *args, **kwargs):
         # the watchdog ends the server when no batch finishes within its timeout; the batch's own time adds to the
         # sleep, so half the timeout is the bound
         if sleep >= watchdog / 2:
-            _refuse(
+            refuse(
                 f"forward_sleep_time {sleep:g} s would trip the scheduler's watchdog "
                 f"(--watchdog-timeout {watchdog:g} s), which ends the server: give less than {watchdog / 2:g} s, "
                 "or start the server with a larger --watchdog-timeout"
             )
     elif sleep > MAX_SLEEP_WITHOUT_WATCHDOG_S:
-        _refuse(f"forward_sleep_time {sleep:g} s: give at most {MAX_SLEEP_WITHOUT_WATCHDOG_S:g} s (a day per batch)")
+        refuse(f"forward_sleep_time {sleep:g} s: give at most {MAX_SLEEP_WITHOUT_WATCHDOG_S:g} s (a day per batch)")
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from sglang_kimi.admin_validation import refuse
 from sglang_kimi.hooks import hook
 
 logger = logging.getLogger(__name__)
@@ -40,17 +41,11 @@ def _reply(name: str):
     return getattr(io_struct, name)()
 
 
-def _refuse(message: str):
-    from fastapi import HTTPException
-
-    raise HTTPException(status_code=400, detail=message)
-
-
 def _check_tags(obj) -> None:
-    tags = getattr(obj, "tags", None) or []
-    unknown = [tag for tag in tags if tag not in _all_tags()]
+    known = _all_tags()
+    unknown = [tag for tag in getattr(obj, "tags", None) or [] if tag not in known]
     if unknown:
-        _refuse(f"unknown memory tags {unknown}: choose from {_all_tags()}, or leave tags out for all of them")
+        refuse(f"unknown memory tags {unknown}: choose from {known}, or leave tags out for all of them")
 
 
 def check_release(tokenizer_manager, obj, *args, **kwargs):
@@ -58,7 +53,7 @@ def check_release(tokenizer_manager, obj, *args, **kwargs):
     _check_tags(obj)
     in_flight = len(getattr(tokenizer_manager, "rid_to_state", {}) or {})
     if in_flight and not getattr(tokenizer_manager, "is_pause", False):
-        _refuse(
+        refuse(
             f"{in_flight} request{'s are' if in_flight > 1 else ' is'} being served: release memory when the server "
             'is idle, or after /pause_generation with mode "retract" or "abort"'
         )

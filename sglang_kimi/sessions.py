@@ -29,8 +29,7 @@ naming it failed; a BEFORE hook refuses it with HTTP 400.
 
 from __future__ import annotations
 
-import math
-
+from sglang_kimi.admin_validation import finite_number, refuse
 from sglang_kimi.hooks import hook
 
 
@@ -60,13 +59,10 @@ def check_session_timeout(tokenizer_manager, obj, *args, **kwargs):
     timeout = getattr(obj, "timeout", None)
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-        from fastapi import HTTPException
-
-        raise HTTPException(
-            status_code=400,
-            detail=f"timeout is {timeout!r}: give the seconds a session may stay idle before it is closed (more "
-            "than 0), or leave it out for a session that stays open until /close_session",
+    if not finite_number(timeout) or timeout <= 0:
+        refuse(
+            f"timeout is {timeout!r}: give the seconds a session may stay idle before it is closed (more than 0), "
+            "or leave it out for a session that stays open until /close_session"
         )
     return None
 
