@@ -73,8 +73,8 @@ BENCH_SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "1
 
 def start_servers(group: str, configs: dict[str, list[str]], out_dir: Path, stack: ExitStack) -> dict:
     """Every configuration's server, started one after the other (each stopped when ``stack`` closes)."""
+    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
     from sglang_kimi.evals.servers import probe
-    from sglang_kimi.server import ANY_PORT, ServerProcess, launch_command
 
     servers = {}
     for name, args in configs.items():

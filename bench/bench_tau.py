@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
 
-from sglang_kimi import acceptance_rates
 from sglang_kimi.models import tiny
+from sglang_kimi.speculative import acceptance_rates
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter

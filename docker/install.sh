@@ -156,7 +156,7 @@ say "installed: $installed, imported from $location"
 
 # --- 3. the gate: sglang-kimi doctor --strict ----------------------------------------------------------------------
 say "sglang-kimi doctor --strict"
-if ! "$PYTHON" -m sglang_kimi.cli doctor --strict; then
+if ! "$PYTHON" -m sglang_kimi.cli.main doctor --strict; then
     die "sglang-kimi doctor --strict found problems (listed above) with this wheel on this environment's SGLang ($sglang): served as it is, the plugin would miss hooks; use a base image with a supported SGLang, or a wheel built from a clean checkout"
 fi
 say "done: sglang-kimi is installed and passes the strict doctor"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.api_key import auth_headers
-from sglang_kimi.dp_reports import merged_report
+from sglang_kimi.cli.api_key import auth_headers
+from sglang_kimi.cli.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded

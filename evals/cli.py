@@ -1,6 +1,6 @@
 """``sglang-kimi eval gsm8k`` and ``sglang-kimi bench``: argument parsers and entry points.
 
-``sglang_kimi.cli`` adds these parsers to its subcommands. Exit codes: 0 pass (or benchmark done), 1 the gate
+``sglang_kimi.cli.main`` adds these parsers to its subcommands. Exit codes: 0 pass (or benchmark done), 1 the gate
 failed, 2 bad input or an unusable server (one line on stderr naming the problem and the fix).
 """
 
@@ -15,8 +15,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from sglang_kimi.api_key import HELP as API_KEY_HELP
-from sglang_kimi.api_key import use_api_key
+from sglang_kimi.cli.api_key import HELP as API_KEY_HELP
+from sglang_kimi.cli.api_key import use_api_key
 from sglang_kimi.evals.errors import EvalError
 
 EVAL_EPILOG = """\

@@ -5,7 +5,7 @@ not SGLang). :func:`check_same_model` refuses to compare a server with itself (o
 server), or servers that serve different models: a different architecture, tokenizer, context length or (when both
 checkpoints are readable here) a different shape in ``config.json``. Weights are deliberately not fingerprinted: a
 quantized or otherwise re-weighted candidate of the same model is exactly what the gate exists to judge.
-:func:`launch_pair` starts servers with the plugin's launcher (:mod:`sglang_kimi.server`).
+:func:`launch_pair` starts servers with the plugin's launcher (:mod:`sglang_kimi.cli.server`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.api_key import auth_headers, refused_key_hint
+from sglang_kimi.cli.api_key import auth_headers, refused_key_hint
 from sglang_kimi.evals.errors import EvalError
 
 # Tokenized on both servers: same ids <=> same tokenizer for all practical purposes (digits, $, unicode, newline).
@@ -248,7 +248,7 @@ def launch_pair(
     The servers are stopped when ``stack`` closes. Start-up failures become :class:`EvalError` with the
     launcher's message (which names the log).
     """
-    from sglang_kimi.server import ANY_PORT, LaunchError, require_sglang, start_server
+    from sglang_kimi.cli.server import ANY_PORT, LaunchError, require_sglang, start_server
 
     try:
         require_sglang()

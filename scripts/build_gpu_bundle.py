@@ -9,7 +9,7 @@ compiled Rust front ends, ~18 MB, and the diffusion runtime ``sglang/multimodal_
 against ``--max-mib`` (bundle + this repository's tracked files), and prints the commands that install it there.
 
 ``sgl_kernel`` (SGLang's CUDA kernels; its wheel is hundreds of MB) is not in the bundle: on such a machine the
-plugin's import shim stands in for it (``sglang_kimi/cpu/shims``).
+plugin's import shim stands in for it (``sglang_kimi/platform/cpu/shims``).
 
     .venv/bin/python scripts/build_gpu_bundle.py                  # into .gpu-bundle/
     .venv/bin/python scripts/build_gpu_bundle.py --max-mib 64 --out /tmp/bundle

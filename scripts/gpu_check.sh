@@ -39,7 +39,7 @@ if ! python3 -c "import sglang_kimi.kernels" 2>/dev/null; then  # no editable in
     SITE=$PYTHONPATH
 fi
 python3 -c "import sglang, sglang_kimi; print('sglang', sglang.__version__, 'sglang_kimi', sglang_kimi.__version__)" 2>&1 | tail -2
-SHIMS=$(python3 -c "import sglang_kimi.server as s; print(s.SHIMS_DIR)")
+SHIMS=$(python3 -c "import sglang_kimi.cli.server as s; print(s.SHIMS_DIR)")
 
 if want pytest; then
     step "pytest ${PYTEST_PATHS:-tests/gpu}"

@@ -14,7 +14,8 @@ and stopped in turn:
 - tau and per-position acceptance from the plugin's metrics in ``/server_info``;
 - the GPU's idle share over ``--profile-steps`` steps of SGLang's torch profiler at ``--profile-concurrency``: the
   host's part of a step that the device waits on (:func:`gpu_idle_share`); from the same trace, for the plugin's
-  tree worker, each step phase's host milliseconds (``sglang_kimi.step_phases``) and the share of the step spent
+  tree worker, each step phase's host milliseconds (``sglang_kimi.speculative.step_phases``) and the share of the step
+  spent
   on the host outside the target forward (the ``host`` column)
 
 The script stops starting servers once less than ``--min-left-s`` of ``--deadline-s`` is left and reports the rest
@@ -37,8 +38,8 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.demo import gsm8k_prompt, load_questions, mode_args
-from sglang_kimi.server import ANY_PORT, fetch_plugin_state, start_server
+from sglang_kimi.cli.demo import gsm8k_prompt, load_questions, mode_args
+from sglang_kimi.cli.server import ANY_PORT, fetch_plugin_state, start_server
 
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.3"]
 # the profiled requests' length: a server with CUDA graphs still decodes them 1 s in (they are aborted after the
@@ -120,14 +121,15 @@ def gpu_idle_share(events: list[dict]) -> dict:
     return {"gpu_events": len(spans), "window_ms": window / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_share": share}
 
 
-PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.step_phases: the named ranges of a speculative step
+PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.speculative.step_phases: the named ranges of a speculative step
 RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # the host's calls into the CUDA (or HIP) runtime and driver
 LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
                 "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipGraphLaunch"}  # fmt: skip
 
 
 def step_phases(events: list[dict]) -> dict:
-    """From a profiler trace's events of a server whose worker marks its step phases (``sglang_kimi.step_phases``):
+    """From a profiler trace's events of a server whose worker marks its step phases
+    (``sglang_kimi.speculative.step_phases``):
     each phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to
     first phase start) and the share of the period spent on the host outside the target forward: drafting, tree
     build, verify bookkeeping. Empty for a worker without phases (SGLang's own)."""

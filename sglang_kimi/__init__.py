@@ -2,7 +2,7 @@
 
 SGLang finds this package through the entry point ``sglang.srt.plugins: kimi = sglang_kimi:register``
 and calls :func:`register` in every process it starts (launcher, scheduler, detokenizer).
-Everything registered is listed in one table, :data:`sglang_kimi.plugin.REGISTRATIONS`.
+Everything registered is listed in :data:`sglang_kimi.plugin.REGISTRATIONS`: each area's table, in nesting order.
 """
 
 from sglang_kimi.version import SUPPORTED_SGLANG, __version__

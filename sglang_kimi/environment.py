@@ -18,7 +18,7 @@ from sglang_kimi.kernels.aiter_overrides import OFF_VALUES as AITER_OFF_VALUES
 from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
 from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
-from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, SpeculativeConfigError
+from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, HARDENING_ENV, SpeculativeConfigError
 
 PREFIX = "SGLANG_KIMI_"
 AITER_ON_VALUES = ("1", "true", "yes", "on")  # aiter_overrides keeps the overrides for any value not off
@@ -29,6 +29,7 @@ VARIABLES = {
     DEBUG_GREEDY_VERIFY_ENV: "1 (debugging only: sampled requests verified greedily) or 0",
     AITER_OVERRIDES_ENV: "0 to turn the ROCm AITER overrides off, 1 to keep them",
     MOE_CONFIG_DIR_ENV: "the folder of `sglang-kimi tune moe` tables",
+    HARDENING_ENV: "0 to leave SGLang's own API behaviour (the hardening group off), 1 to keep the fixes",
 }
 
 
@@ -60,6 +61,12 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         raise EnvironmentSettingError(
             f"{DEBUG_GREEDY_VERIFY_ENV}={greedy}: only 1 turns it on (sampled requests verified greedily, not "
             f"lossless): set 1 or 0, or unset it"
+        )
+    hardening = env.get(HARDENING_ENV, "")
+    if hardening not in ("", "0", "1"):
+        raise EnvironmentSettingError(
+            f"{HARDENING_ENV}={hardening}: set 0 to turn the hardening fixes off (SGLang's own API behaviour), 1 to "
+            f"keep them, or unset it"
         )
     aiter = env.get(AITER_OVERRIDES_ENV)  # lower-cased, as aiter_overrides reads it
     if aiter and aiter.lower() not in AITER_ON_VALUES + AITER_OFF_VALUES:

@@ -29,6 +29,8 @@ CPU_SPECULATIVE_BACKENDS = ("kimi_cpu", "triton")
 # Debugging only: makes every plugin verification greedy, even for sampled requests (NOT lossless). It exists so
 # that tests and the GSM8K gate can show they fail on a broken verifier; a warning is logged at start-up.
 DEBUG_GREEDY_VERIFY_ENV = "SGLANG_KIMI_DEBUG_GREEDY_VERIFY"
+# 0: the hardening group (hardening/registrations.py) is not registered and SGLang's own API behaviour stays.
+HARDENING_ENV = "SGLANG_KIMI_HARDENING"
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,8 @@ class PluginArgs:
     dflash_tree_budget: int | None = None  # DDTree nodes below the root; None = DFlash chains
     dflash_tree_block: int | None = None  # the drafter's block in tree mode (resolved at start-up)
     adaptive: bool = False  # choose the draft width per batch bucket (speculators/policy.py)
-    adaptive_config: str | None = None  # JSON policy settings (adaptive/config.py)
-    adaptive_profile: str | None = None  # the cost-profile file (adaptive/profile.py); None: the default cache
+    adaptive_config: str | None = None  # JSON policy settings (speculative/adaptive/config.py)
+    adaptive_profile: str | None = None  # cost-profile file (speculative/adaptive/profile.py); None: default cache
     adaptive_widths: tuple[int, ...] | None = None  # candidate widths (resolved at start-up)
 
 

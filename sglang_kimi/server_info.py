@@ -2,7 +2,7 @@
 
 Version, every registration's outcome (``plugin.registration_state``), the plugin's server options, the
 per-position acceptance counters (``metrics.py``), the FP8 KV scales (``models/kv_scales.py``) and, with
-``--speculative-kimi-adaptive``, the policy's state (``adaptive/runtime.py``).
+``--speculative-kimi-adaptive``, the policy's state (``speculative/adaptive/runtime.py``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from sglang_kimi.hooks import hook
 
 
 def plugin_report(server_args) -> dict:
-    from sglang_kimi.adaptive.runtime import current_snapshot as adaptive_snapshot
-    from sglang_kimi.metrics import current_snapshot
     from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
     from sglang_kimi.options import plugin_args
     from sglang_kimi.plugin import registration_state
+    from sglang_kimi.speculative.adaptive.runtime import current_snapshot as adaptive_snapshot
+    from sglang_kimi.speculative.metrics import current_snapshot
 
     state = registration_state()
     state["args"] = dataclasses.asdict(plugin_args(server_args))

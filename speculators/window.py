@@ -4,7 +4,8 @@ A tree verify runs the target once over every node of every request's tree, node
 the request's verify window, at position ``prefix_lens[b] + depth[b, i]``. After verification the accepted path
 moves to the front of the window (:func:`path_first_order`), so the committed tokens sit in consecutive slots at
 consecutive positions exactly as after a chain verify, and every consumer downstream (KV bookkeeping, log-probs, the
-drafter's context features) sees a chain. Pure functions on tensors; ``sglang_kimi/workers/dflash_tree.py`` applies
+drafter's context features) sees a chain. Pure functions on tensors; ``sglang_kimi/speculative/workers/dflash_tree.py``
+applies
 them to SGLang's ``req_to_token`` and verify outputs.
 """
 

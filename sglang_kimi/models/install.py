@@ -1,4 +1,4 @@
-"""Install functions for the model entries of plugin.py's table (light: SGLang models are imported lazily)."""
+"""Install functions for the model entries (models/registrations.py; light: SGLang models are imported lazily)."""
 
 from sglang_kimi.hooks import hook
 

@@ -3,7 +3,7 @@
 import pytest
 from support.servers import SharedServers, launch
 
-from sglang_kimi.server import group_alive
+from sglang_kimi.cli.server import group_alive
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 import torch
 
-from sglang_kimi.server import ASSETS_DIR
+from sglang_kimi.cli.server import ASSETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 from support.data import GSM8K_DIR  # noqa: E402

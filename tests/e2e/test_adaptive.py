@@ -35,7 +35,7 @@ from spec_common import (
 )
 from support.servers import launch
 
-from sglang_kimi.server import group_alive
+from sglang_kimi.cli.server import group_alive
 
 pytestmark = pytest.mark.e2e
 

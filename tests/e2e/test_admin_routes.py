@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from spec_common import KIMI_CPU, TRAINED_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
 from support.servers import launch
 
+from sglang_kimi.cli.server import group_alive
 from sglang_kimi.models import tiny
-from sglang_kimi.server import group_alive
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from support.data import GSM8K_DIR
 
-from sglang_kimi import cli
-from sglang_kimi.server import ASSETS_DIR
+from sglang_kimi.cli import main as cli
+from sglang_kimi.cli.server import ASSETS_DIR
 
 pytestmark = pytest.mark.e2e
 

@@ -74,7 +74,7 @@ from spec_common import (
 from support.processors import serialized
 from support.servers import launch as launch_server
 
-from sglang_kimi.server import (
+from sglang_kimi.cli.server import (
     fetch_plugin_state,
     group_alive,
 )

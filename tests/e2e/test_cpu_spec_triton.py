@@ -15,8 +15,8 @@ import pytest
 import requests
 import torch
 
-from sglang_kimi.demo import mode_args
-from sglang_kimi.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
+from sglang_kimi.cli.demo import mode_args
+from sglang_kimi.cli.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from sglang_kimi import audit, doctor
+from sglang_kimi.cli import audit, doctor
 
 
 def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tmp_path=None) -> subprocess.Popen:
@@ -20,7 +20,7 @@ def _doctor(*args, sitecustomize: str | None = None, env: dict | None = None, tm
         (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(sitecustomize))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
     return subprocess.Popen(
-        [sys.executable, "-m", "sglang_kimi.cli", "doctor", *args], env=env, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "sglang_kimi.cli.main", "doctor", *args], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
 

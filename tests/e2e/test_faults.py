@@ -29,7 +29,7 @@ from spec_common import KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, s
 from support.processes import children
 from support.servers import launch
 
-from sglang_kimi.server import ANY_PORT, ServerProcess, group_alive, launch_command
+from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 TREE = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"]
 

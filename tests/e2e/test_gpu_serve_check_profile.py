@@ -8,7 +8,7 @@ import pytest
 from spec_common import shared_tree_server
 from support.repo_scripts import load_script
 
-from sglang_kimi.demo import gsm8k_prompt, load_questions
+from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ output must not depend on which widths ran. Its budgets 1 and 2 are chains of on
 the plain verify of the bonus token.
 
 At DP 2 each rank is a scheduler process serving its own requests with its own plugin counters: the DFLASH tree's
-greedy output equals TP 1's, and the plugin's report read from ``/server_info`` (``sglang_kimi.dp_reports``) counts
+greedy output equals TP 1's, and the plugin's report read from ``/server_info`` (``sglang_kimi.cli.dp_reports``) counts
 the steps of both ranks. At PP 2 (SGLang's DFLASH needs PP 1) the autoregressive greedy output equals TP 1's:
 the plugin's Kimi class keeps SGLang's pipeline-parallel forward."""
 
@@ -27,8 +27,8 @@ from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm
 from support.processes import cpu_seconds, titled
 from support.servers import launch
 
-from sglang_kimi.dp_reports import reports
-from sglang_kimi.server import fetch_plugin_state, group_members
+from sglang_kimi.cli.dp_reports import reports
+from sglang_kimi.cli.server import fetch_plugin_state, group_members
 
 TP2 = ["--tp", "2"]
 PROMPTS = 3
@@ -86,7 +86,8 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
 
 def check_ranks_on_their_own_cores(server, ranks: int = 2) -> None:
     """Each scheduler process (one per rank) runs on its own cores: SGLang binds ranks to their
-    SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on the others (cpu/thread_binding.py)."""
+    SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on the others
+    (platform/cpu/thread_binding.py)."""
     groups = [os.sched_getaffinity(pid) for pid in titled(group_members(server.pgid), b"sglang::scheduler")]
     assert len(groups) == ranks, f"{len(groups)} scheduler processes for {ranks} ranks"
     assert all(not a & b for i, a in enumerate(groups) for b in groups[i + 1 :]), f"ranks share cores: {groups}"

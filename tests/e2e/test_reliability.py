@@ -29,7 +29,7 @@ from spec_common import (
 )
 from support.servers import launch
 
-from sglang_kimi.server import TINY_MODEL
+from sglang_kimi.cli.server import TINY_MODEL
 
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings

@@ -12,8 +12,8 @@ import requests
 from support.processes import tagged
 from support.served_logprobs import compare_logprobs
 
+from sglang_kimi.cli.server import fetch_plugin_state
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
-from sglang_kimi.server import fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
 
@@ -119,7 +119,7 @@ def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
         [
             sys.executable,
             "-m",
-            "sglang_kimi.cli",
+            "sglang_kimi.cli.main",
             "demo",
             "--questions",
             "2",

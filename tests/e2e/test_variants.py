@@ -26,11 +26,11 @@ import torch
 from support.data import GSM8K_DIR
 from support.served_logprobs import compare_logprobs
 
-from sglang_kimi import cli, kv_calibration
-from sglang_kimi.models import kv_scales
+from sglang_kimi.cli import main as cli
+from sglang_kimi.cli.server import ANY_PORT, LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
+from sglang_kimi.models import kv_calibration, kv_scales
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
-from sglang_kimi.server import ANY_PORT, LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e

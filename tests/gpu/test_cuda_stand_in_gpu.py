@@ -1,4 +1,5 @@
-"""The torch stand-ins for SGLang's compiled CUDA ops (sglang_kimi.cuda_stand_in) on a CUDA device: the MoE align
+"""The torch stand-ins for SGLang's compiled CUDA ops (sglang_kimi.platform.cuda_stand_in) on a CUDA device: the MoE
+align
 against SGLang's own single-launch Triton align (same output contract), captured and replayed in a CUDA graph.
 
 Skipped, with the reason, where there is no CUDA device. Run with ``pytest tests/gpu -q``.
@@ -12,7 +13,7 @@ import torch
 if not torch.cuda.is_available() or torch.version.cuda is None:
     pytest.skip("no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
 
-from sglang_kimi.cuda_stand_in import ops  # noqa: E402
+from sglang_kimi.platform.cuda_stand_in import ops  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: E402
 from support.tree_attention import SCALE, random_trees, reference, verify_batch  # noqa: E402
 
-from sglang_kimi.workers.tree_batch import full_tree_mask, tree_mask_capacity  # noqa: E402
+from sglang_kimi.speculative.workers.tree_verify_inputs import full_tree_mask, tree_mask_capacity  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

@@ -1,4 +1,5 @@
-"""Lossless sampled verification on ROCm and CPU (``sglang_kimi/workers/eagle_sampling.py``, ``dflash_sampling.py``).
+"""Lossless sampled verification on ROCm and CPU (``sglang_kimi/speculative/workers/eagle_sampling.py``,
+``dflash_sampling.py``).
 
 - the target distribution equals what SGLang's ``pytorch`` sampler draws from (its own filtering code);
 - EAGLE trees through the ``eagle_sample`` hook and DFLASH chains through the DFLASH hook: over many requests on a
@@ -35,9 +36,9 @@ else:
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
     from support.stats import chi2_pvalue
 
-    from sglang_kimi.workers import dflash_sampling as ds
-    from sglang_kimi.workers import eagle_sampling as es
-    from sglang_kimi.workers.tree_batch import verify_probs
+    from sglang_kimi.speculative.workers import dflash_sampling as ds
+    from sglang_kimi.speculative.workers import eagle_sampling as es
+    from sglang_kimi.speculative.workers.tree_verify_inputs import verify_probs
 
     V = 12
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_kimi.server import ANY_PORT, ServerProcess, group_alive, launch_command
+from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
 

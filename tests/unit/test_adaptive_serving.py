@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from sglang_kimi.adaptive.config import (
+from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.speculative.adaptive.config import (
     AdaptiveConfig,
     AdaptiveConfigError,
     default_buckets,
@@ -16,9 +17,8 @@ from sglang_kimi.adaptive.config import (
     load_adaptive_config,
     resolve_widths,
 )
-from sglang_kimi.adaptive.profile import FORMAT, load_or_measure, read_profile, unwritable, write_profile
-from sglang_kimi.adaptive.runtime import AdaptiveRuntime
-from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.speculative.adaptive.profile import FORMAT, load_or_measure, read_profile, unwritable, write_profile
+from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime
 from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, WidthPolicy
 
 pytestmark = pytest.mark.unit
@@ -308,8 +308,8 @@ def test_eagle_steps_policy_drives_sglangs_adaptive_controller():
     result (tagged at the end of the step, recorded once where the accepted counts are on the host)."""
     from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
-    from sglang_kimi.adaptive.eagle_policy import EagleStepsPolicy
-    from sglang_kimi.adaptive.runtime import STEP_TAG, record_tagged_step, tag_step
+    from sglang_kimi.speculative.adaptive.eagle_policy import EagleStepsPolicy
+    from sglang_kimi.speculative.adaptive.runtime import STEP_TAG, record_tagged_step, tag_step
 
     runtime = _runtime()
     policy = EagleStepsPolicy(runtime, [0, 1, 2, 3])
@@ -343,7 +343,7 @@ def test_adaptive_eagle3_needs_sglang_0_5_22(monkeypatch, release, refused):
 
     import sglang.version
 
-    from sglang_kimi import validation
+    from sglang_kimi.speculative import validation
 
     monkeypatch.setattr(sglang.version, "__version__", release)
     cfg = SimpleNamespace(

@@ -1,4 +1,5 @@
-"""Admin request validation (``sglang_kimi/admin_validation.py``): admin requests that would end the scheduler, or
+"""Admin request validation (``sglang_kimi/hardening/admin_validation.py``): admin requests that would end the
+scheduler, or
 break every later request, are an HTTP 400 naming the fix; the others reach SGLang unchanged."""
 
 import asyncio
@@ -8,7 +9,7 @@ import pytest
 from fastapi import HTTPException
 from support.refusals import refused
 
-from sglang_kimi.admin_validation import (
+from sglang_kimi.hardening.admin_validation import (
     check_configure_logging,
     check_expert_distribution,
     check_profile_activities,

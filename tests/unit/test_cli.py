@@ -11,14 +11,15 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi import cli, launch_checks, server
+from sglang_kimi.cli import launch_checks, server
+from sglang_kimi.cli import main as cli
 
 COMMANDS = ["serve", "demo", "doctor", "tune moe"]
 
 
 def _sglang_kimi(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "sglang_kimi.cli", *args], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "sglang_kimi.cli.main", *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 
@@ -198,7 +199,7 @@ def test_demo_refuses_a_log_dir_it_cannot_create(capsys, monkeypatch, tmp_path):
 
 def test_demo_refuses_a_mode_given_twice(capsys, monkeypatch):
     monkeypatch.setattr(server, "sglang_version", lambda: "0.5.23")
-    monkeypatch.setattr("sglang_kimi.demo.run_mode", lambda *a: pytest.fail("a server was started"))
+    monkeypatch.setattr("sglang_kimi.cli.demo.run_mode", lambda *a: pytest.fail("a server was started"))
     assert cli.main(["demo", "--modes", "autoregressive", "dflash-tree", "dflash-tree"]) == 2
     assert "--modes names dflash-tree more than once" in _error_line(capsys)
 
@@ -516,7 +517,7 @@ def test_tune_moe_refuses_without_gpu():
 
 
 def test_demo_compares_answers_by_text_and_the_reference_tokens():
-    from sglang_kimi.demo import Answer, same_answer
+    from sglang_kimi.cli.demo import Answer, same_answer
 
     reference = Answer("q", "So 2 + 2 = 4.", [5, 6, 7], 1.0)
     assert same_answer(Answer("q", "So 2 + 2 = 4.", [5, 6, 7], 0.5), reference)
@@ -530,7 +531,7 @@ def test_demo_compares_answers_by_text_and_the_reference_tokens():
 def test_demo_exit_code_follows_the_table(capsys):
     """The table's "= autoregressive" column and the exit code come from one comparison: a speculative answer that
     overshoots a stop string in output_ids (same text) exits 0, a real difference or a failed registration exits 1."""
-    from sglang_kimi.demo import Answer, ModeResult, exit_code, print_summary
+    from sglang_kimi.cli.demo import Answer, ModeResult, exit_code, print_summary
 
     ok_state = {"registrations": {"server-info": "ok"}, "failed": []}
     reference = ModeResult("autoregressive", [Answer("q", "So 4.", [5, 6, 7], 1.0)], ok_state)

@@ -30,7 +30,7 @@ else:
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient, organize_draft_results
     from sglang.srt.speculative.spec_utils import select_top_k_tokens
 
-    from sglang_kimi.cpu.attention_backend import KimiCpuAttnBackend, KimiCpuMultiStepDraftBackend
+    from sglang_kimi.platform.cpu.attention_backend import KimiCpuAttnBackend, KimiCpuMultiStepDraftBackend
 
     SLOTS = 400
     POOL_LEN = 64
@@ -295,7 +295,7 @@ else:
 
     def test_full_mask_prefix_columns_are_honoured():
         """A FULL_MASK that hides prefix columns is read as such (SGLang's GPU kernels read those columns too)."""
-        from sglang_kimi.cpu.attention_backend import read_verify_mask
+        from sglang_kimi.platform.cpu.attention_backend import read_verify_mask
 
         prefix, n = torch.tensor([3, 2]), 2
         blocks = [torch.ones(n, 3 + n, dtype=torch.bool), torch.ones(n, 2 + n, dtype=torch.bool)]
@@ -309,7 +309,7 @@ else:
     def test_rows_padded_by_attention_data_parallelism_get_a_causal_tree():
         """SGLang pads a verify batch to the DP ranks' common size after the mask was built: the real rows keep
         their masks (either layout) and the padded rows, which have no cells, get a causal tree."""
-        from sglang_kimi.cpu.attention_backend import read_verify_mask
+        from sglang_kimi.platform.cpu.attention_backend import read_verify_mask
 
         n = 3
         trees = torch.rand(2, n, n) > 0.5  # two real requests, QLEN_ONLY layout

@@ -1,4 +1,5 @@
-"""The CPU sgl_kernel ops (``sglang_kimi/cpu/sgl_kernel_ops.py``) against SGLang's own Triton kernels for the same
+"""The CPU sgl_kernel ops (``sglang_kimi/platform/cpu/sgl_kernel_ops.py``) against SGLang's own Triton kernels for the
+same
 steps, run on CPU tensors through Triton's interpreter, on random inputs shaped as SGLang makes them.
 
 The ops are reached through the CPU ``sgl_kernel`` shim (``import sgl_kernel``), as SGLang's CPU path reaches them.

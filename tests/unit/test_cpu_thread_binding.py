@@ -1,4 +1,5 @@
-"""Each CPU rank on its own cores (``sglang_kimi/cpu/thread_binding.py``): the core lists SGLang hands a rank, and
+"""Each CPU rank on its own cores (``sglang_kimi/platform/cpu/thread_binding.py``): the core lists SGLang hands a rank,
+and
 the binding itself, in a child process (it changes the process's affinity and torch's thread count)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import sys
 
 import pytest
 
-from sglang_kimi.cpu import thread_binding
-from sglang_kimi.cpu.thread_binding import bind_rank_threads, parse_core_list
+from sglang_kimi.platform.cpu import thread_binding
+from sglang_kimi.platform.cpu.thread_binding import bind_rank_threads, parse_core_list
 
 
 @pytest.mark.parametrize(
@@ -30,7 +31,7 @@ def test_bad_core_lists_are_errors(cores):
 
 BIND = """
 import json, os, sys, threading, torch
-from sglang_kimi.cpu.thread_binding import bind_process_to_cores
+from sglang_kimi.platform.cpu.thread_binding import bind_process_to_cores
 torch.set_num_threads(len(os.sched_getaffinity(0)))
 early = threading.Event()
 threading.Thread(target=early.wait, daemon=True).start()  # a thread that exists before the binding

@@ -1,4 +1,5 @@
-"""Custom logit processors in the speculative verify (``workers/custom_processors.py``): every node's row equals what
+"""Custom logit processors in the speculative verify (``speculative/workers/custom_processors.py``): every node's row
+equals what
 the processor gives a non-speculative step whose request holds the committed outputs and the drafts on the node's
 path, for processors that read the request's output so far."""
 
@@ -11,14 +12,14 @@ import torch
 from support.processors import processor
 from support.spec_helpers import path_to_root, random_tree
 
-from sglang_kimi.speculators.trees import DraftTree
-from sglang_kimi.workers.custom_processors import (
+from sglang_kimi.speculative.workers.custom_processors import (
     RequestAtNode,
     apply_processors,
     exact_step,
     held_back,
     in_exact_step,
 )
+from sglang_kimi.speculators.trees import DraftTree
 
 VOCAB = 16
 PROMPT = [3, 4, 5]

@@ -1,4 +1,4 @@
-"""The data-parallel controller waits for requests instead of spinning (``sglang_kimi/dp_controller.py``).
+"""The data-parallel controller waits for requests instead of spinning (``sglang_kimi/hardening/dp_controller.py``).
 
 The loop runs on a real ZeroMQ socket pair with SGLang's own message encoding and soft watchdog; SGLang's loop is
 run on the same setup, so that the CPU-time bound is one a spinning loop fails.
@@ -29,7 +29,7 @@ else:
     from sglang.srt.managers.io_struct import sock_send
     from sglang.srt.utils.watchdog import Watchdog
 
-    from sglang_kimi.dp_controller import event_loop
+    from sglang_kimi.hardening.dp_controller import event_loop
 
     IDLE_S = 1.0  # the socket stays empty this long before the requests come
     REQUESTS = ["a", "b", "c"]

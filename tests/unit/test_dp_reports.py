@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sglang_kimi.dp_reports import merged_report, reports
-from sglang_kimi.metrics import AcceptanceStats
+from sglang_kimi.cli.dp_reports import merged_report, reports
+from sglang_kimi.speculative.metrics import AcceptanceStats
 
 
 def _stats(accepted: list[int], depth: int) -> dict:
@@ -83,7 +83,7 @@ def test_adaptive_steps_summed_and_clients_read_every_rank(tmp_path, capsys, mon
     monkeypatch.setenv("OPENAI_API_KEY", "")
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi import cli
+    from sglang_kimi.cli import main as cli
     from sglang_kimi.evals import acceptance
     from sglang_kimi.evals.bench import adaptive_steps
 

@@ -7,11 +7,11 @@ import sys
 import pytest
 from support.fake_servers import serve, sglang_payloads
 
-from sglang_kimi import cli
-from sglang_kimi.api_key import ENV, use_api_key
+from sglang_kimi.cli import main as cli
+from sglang_kimi.cli.api_key import ENV, use_api_key
+from sglang_kimi.cli.launch_checks import free_port
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
-from sglang_kimi.launch_checks import free_port
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def _one_error_line(err: str) -> str:
 @pytest.mark.parametrize("command", [["eval", "gsm8k"], ["bench"]])
 def test_help(command):
     out = subprocess.run(
-        [sys.executable, "-m", "sglang_kimi.cli", *command, "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "sglang_kimi.cli.main", *command, "--help"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert f"usage: sglang-kimi {' '.join(command)}" in out.stdout

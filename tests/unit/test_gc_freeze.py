@@ -1,12 +1,12 @@
-"""The post-start GC freeze waits for the server to listen (``sglang_kimi/gc_freeze.py``)."""
+"""The post-start GC freeze waits for the server to listen (``sglang_kimi/hardening/gc_freeze.py``)."""
 
 import socket
 import threading
 import time
 from types import SimpleNamespace
 
-from sglang_kimi.gc_freeze import freeze_gc_once_listening, wait_until_listening
-from sglang_kimi.launch_checks import free_port
+from sglang_kimi.cli.launch_checks import free_port, wait_until_listening
+from sglang_kimi.hardening.gc_freeze import freeze_gc_once_listening
 
 
 def listen_after(port: int, delay_s: float, ready: threading.Event):

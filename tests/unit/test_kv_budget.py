@@ -1,8 +1,9 @@
-"""The output budget of a speculative request (``sglang_kimi/kv_budget.py``): room for the decode reserve."""
+"""The output budget of a speculative request (``sglang_kimi/speculative/kv_budget.py``): room for the decode
+reserve."""
 
 from types import SimpleNamespace
 
-from sglang_kimi.kv_budget import speculative_output_budget, token_capacity
+from sglang_kimi.speculative.kv_budget import speculative_output_budget, token_capacity
 
 
 def test_budget_leaves_the_reserve_past_the_last_committed_token():

@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
+from sglang_kimi.cli.server import sglang_env
 from sglang_kimi.models import kv_scales as K
-from sglang_kimi.server import sglang_env
 from sglang_kimi.speculators.reference.deepseek_v3 import MLA, CompactDeepseekV3
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -442,7 +442,7 @@ def test_dynamic_and_file_scales_on_sglangs_pools(tmp_path):
 
 
 def _calibrate(capsys, *args) -> tuple[int, str]:
-    from sglang_kimi import cli
+    from sglang_kimi.cli import main as cli
 
     code = cli.main(["calibrate-kv", *args])
     err = capsys.readouterr().err.strip().splitlines()
@@ -469,7 +469,7 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "")  # no API key in this process
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi.launch_checks import free_port
+    from sglang_kimi.cli.launch_checks import free_port
 
     data = tmp_path / "gsm8k"
     data.mkdir()
@@ -504,8 +504,8 @@ def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatc
     monkeypatch.setenv("OPENAI_API_KEY", "")
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi import kv_calibration
-    from sglang_kimi.launch_checks import free_port
+    from sglang_kimi.cli.launch_checks import free_port
+    from sglang_kimi.models import kv_calibration
 
     def no_hub(data_dir, limit):
         assert data_dir is not None, "the hub was contacted before the server and --out were checked"
@@ -577,7 +577,7 @@ def test_cuda_graphs_read_from_sglangs_published_context():
     import subprocess
     import sys
 
-    from sglang_kimi.server import SHIMS_DIR
+    from sglang_kimi.cli.server import SHIMS_DIR
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIMS_DIR), os.environ.get("PYTHONPATH")]))}
     env.pop("TRITON_INTERPRET", None)

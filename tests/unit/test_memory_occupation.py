@@ -1,4 +1,5 @@
-"""``sglang_kimi/memory_occupation.py``: releasing and resuming memory cannot end a serving server. A release while
+"""``sglang_kimi/hardening/memory_occupation.py``: releasing and resuming memory cannot end a serving server. A release
+while
 requests run, or of an unknown tag, is an HTTP 400; what still reaches the scheduler releases nothing while requests
 run, and a resume resumes only what was released (SGLang's scheduler asserted, or raised KeyError)."""
 
@@ -9,8 +10,13 @@ from types import SimpleNamespace
 import pytest
 from support.refusals import refused
 
-from sglang_kimi import memory_occupation
-from sglang_kimi.memory_occupation import check_release, check_resume, release_when_idle, resume_what_was_released
+from sglang_kimi.hardening import memory_occupation
+from sglang_kimi.hardening.memory_occupation import (
+    check_release,
+    check_resume,
+    release_when_idle,
+    resume_what_was_released,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.metrics import AcceptanceStats, max_draft_depth
 from sglang_kimi.options import PluginArgs
+from sglang_kimi.speculative.metrics import AcceptanceStats, max_draft_depth
 
 
 def test_counts_per_position_and_histogram():
@@ -63,7 +63,7 @@ def test_nonfinite_drafts_are_counted_on_the_device_and_settled_on_the_host(capl
     """The tree worker adds each step's non-finite draft positions without a host sync; the totals reach the host
     every SETTLE_EVERY steps (after SGLang brought a step's results there) and when /server_info asks, with one
     warning the first time any appear."""
-    from sglang_kimi.metrics import DraftHealth
+    from sglang_kimi.speculative.metrics import DraftHealth
 
     health = DraftHealth()
     health.settle()  # nothing added yet

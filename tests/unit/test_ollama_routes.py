@@ -1,4 +1,5 @@
-"""Ollama's routes (``sglang_kimi/ollama_routes.py``): what SGLang's layer would drop is refused naming it, the request
+"""Ollama's routes (``sglang_kimi/hardening/ollama_routes.py``): what SGLang's layer would drop is refused naming it,
+the request
 checks' errors are HTTP 400 (a stream's too, before it starts), and the options it left out or misnamed are served."""
 
 import asyncio
@@ -9,7 +10,14 @@ import pytest
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 
-from sglang_kimi.ollama_routes import answer, answering, body_problem, options_problem, sampling_params, streaming
+from sglang_kimi.hardening.ollama_routes import (
+    answer,
+    answering,
+    body_problem,
+    options_problem,
+    sampling_params,
+    streaming,
+)
 
 
 @pytest.mark.parametrize(

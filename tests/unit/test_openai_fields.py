@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from sglang_kimi.openai_fields import template_call_arguments, unread_fields, unused_options
+from sglang_kimi.hardening.openai_fields import template_call_arguments, unread_fields, unused_options
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -108,7 +108,7 @@ def test_read_keys_and_openai_hints_are_served(models, kind, extra):
 def test_the_hook_is_skipped_where_the_route_s_module_does_not_import(monkeypatch):
     """SGLang imports its Responses API module optionally (it needs openai_harmony) and serves without the route
     where that fails; the plugin then skips its hook with the reason instead of a hook SGLang cannot apply."""
-    from sglang_kimi import openai_fields
+    from sglang_kimi.hardening import openai_fields
 
     target = "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses"
     real_import = openai_fields.importlib.import_module
@@ -230,7 +230,7 @@ def test_anthropic_token_count_takes_a_messages_body_whole(anthropic):
 def test_anthropic_refusal_is_in_anthropics_shape(anthropic):
     import asyncio
 
-    from sglang_kimi.openai_fields import check_anthropic_fields
+    from sglang_kimi.hardening.openai_fields import check_anthropic_fields
 
     messages, _ = anthropic
 

@@ -23,13 +23,13 @@ def test_wheel_file_list(wheel):
     for required in (
         "sglang_kimi/__init__.py",
         "sglang_kimi/plugin.py",
-        "sglang_kimi/cli.py",
+        "sglang_kimi/cli/main.py",
         "sglang_kimi/speculators/__init__.py",
         "sglang_kimi/kernels/__init__.py",
         "sglang_kimi/evals/__init__.py",
-        "sglang_kimi/cpu/shims/sgl_kernel/__init__.py",
-        "sglang_kimi/cpu/shims/torchvision/__init__.py",
-        "sglang_kimi/cpu/shims/flash_mla/__init__.py",
+        "sglang_kimi/platform/cpu/shims/sgl_kernel/__init__.py",
+        "sglang_kimi/platform/cpu/shims/torchvision/__init__.py",
+        "sglang_kimi/platform/cpu/shims/flash_mla/__init__.py",
         "sglang_kimi/assets/tiny-kimi-k2.6/config.json",
         "sglang_kimi/assets/tiny-kimi-k2.6/model.safetensors",
         "sglang_kimi/assets/tiny-kimi-k2.6/tokenizer.json",
@@ -51,7 +51,7 @@ def test_wheel_declares_the_plugin_and_the_cli(wheel):
     (entry_points,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = archive.read(entry_points).decode()
     assert "[sglang.srt.plugins]\nkimi = sglang_kimi:register" in text
-    assert "sglang-kimi = sglang_kimi.cli:main" in text
+    assert "sglang-kimi = sglang_kimi.cli.main:main" in text
     (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
     requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
     hard = [line for line in requires if "extra ==" not in line]

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from sglang_kimi import SUPPORTED_SGLANG, plugin
+from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.platform import capabilities
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
-from sglang_kimi.server import sglang_env
+from sglang_kimi.version import version_in_range
 
 # Entries that only act on a GPU machine: on this CPU they report "skipped: <why>".
 GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"} | {
@@ -35,7 +37,7 @@ def test_table_entries_are_unique_and_resolve():
     [("0.5.23", True), ("0.5.22", False), ("0.5.24", False), ("0.5.23.post1", True), ("0.6.0", False)],
 )
 def test_version_range(version, expected):
-    assert plugin.version_in_range(version, ("0.5.23", "0.5.23")) is expected
+    assert version_in_range(version, ("0.5.23", "0.5.23")) is expected
 
 
 def test_untested_sglang_version_logs_one_line(monkeypatch, caplog):
@@ -124,8 +126,9 @@ print("RESULT=" + json.dumps({"state": plugin.registration_state(), "dual_gemm_m
 """
 
 
-def _run_probe(code: str) -> dict:
+def _run_probe(code: str, **extra_env: str) -> dict:
     env, _ = sglang_env(cpu=True)
+    env.update(extra_env)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT=")]
     assert lines, out.stderr[-3000:]
@@ -174,7 +177,7 @@ def test_no_cuda_means_no_stand_in(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert plugin.cuda_without_sgl_kernel() is False
+    assert capabilities.cuda_without_sgl_kernel() is False
 
 
 def test_cuda_stand_in_entries_apply_through_sglang_hooks(unapplied_probe):
@@ -195,3 +198,34 @@ def test_cuda_stand_in_entries_apply_through_sglang_hooks(unapplied_probe):
         None if plugin.installed_sglang_has(dual_gemm) else "no dual GEMM in this SGLang"
     )
     assert result["moe"] == ["cuda", "layer", "dispatch"]  # the MoE's CUDA path, not the native loop
+
+
+def test_hardening_off_leaves_sglang_s_api_untouched_and_speculation_hardened():
+    """SGLANG_KIMI_HARDENING=0: no hardening entry hooks anything (SGLang answers its API as it would), every other
+    entry, the speculative-safety fixes among them, registers as with the group on."""
+    on = _run_probe(PROBE_TWICE)
+    off = _run_probe(PROBE_TWICE, SGLANG_KIMI_HARDENING="0")
+    hardening = {e.name for e in plugin.AREAS["hardening"]}
+    assert len(hardening) >= 15
+    assert off["state"]["hardening"].startswith("off") and on["state"]["hardening"] == "on"
+    for name, outcome in off["state"]["registrations"].items():
+        if name in hardening:
+            assert outcome == "skipped: SGLANG_KIMI_HARDENING=0 leaves SGLang's own API behaviour", name
+        else:
+            assert outcome == on["state"]["registrations"][name], name
+    hardening_targets = {n for e in plugin.AREAS["hardening"] for n in (e.target, *e.hooks)}
+    assert hardening_targets <= set(on["hooks"])  # on: each is hooked
+    assert not hardening_targets & set(off["hooks"])  # off: none is
+    assert set(off["hooks"]) == set(on["hooks"]) - hardening_targets
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])
+def test_hardening_switch(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("SGLANG_KIMI_HARDENING", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_KIMI_HARDENING", value)
+    assert plugin.hardening_on() is on
+    entry = plugin.AREAS["hardening"][0]
+    assert (plugin.skip_reason(entry) is None) is on
+    assert all(plugin.skip_reason(e) is None for e in plugin.AREAS["speculative"] if e.since is None)

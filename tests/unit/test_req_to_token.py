@@ -1,4 +1,5 @@
-"""The ``req_to_token`` row headroom (``sglang_kimi/req_to_token.py``): for every speculative algorithm the row past
+"""The ``req_to_token`` row headroom (``sglang_kimi/speculative/req_to_token.py``): for every speculative algorithm the
+row past
 the context holds the decode reserve (2 x draft tokens for DFLASH, 2 x steps x topk for an EAGLE tree); without
 speculation SGLang's own headroom is kept. Computed with SGLang's own sizing functions, with the published
 speculative settings replaced."""
@@ -9,7 +10,7 @@ import pytest
 from sglang.srt import runtime_context
 from sglang.srt.mem_cache import allocation_sizing
 
-from sglang_kimi.req_to_token import _extra_context_len
+from sglang_kimi.speculative.req_to_token import _extra_context_len
 
 
 def publish(monkeypatch, algorithm, draft_tokens, page_size=1, steps=None, topk=None):

@@ -1,4 +1,5 @@
-"""Request validation (``sglang_kimi/request_validation.py``): what would crash a scheduler is a ValueError (HTTP
+"""Request validation (``sglang_kimi/hardening/request_validation.py``): what would crash a scheduler is a ValueError
+(HTTP
 400) naming the problem; everything else passes through to SGLang's own checks."""
 
 import json
@@ -7,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi.request_validation import (
+from sglang_kimi.cli.server import TINY_MODEL
+from sglang_kimi.hardening.request_validation import (
     PER_PROMPT_FIELDS,
     check_completion_options,
     check_normalized_batch,
     validate_request,
 )
-from sglang_kimi.server import TINY_MODEL
 
 TINY_EAGLE3 = TINY_MODEL.parent / "tiny-kimi-k2.6-eagle3"
 
@@ -357,7 +358,7 @@ def test_sglangs_own_completion_refusal_is_kept():
 
 
 def test_a_seed_the_server_ignores_is_served_and_logged_once(caplog):
-    from sglang_kimi import request_validation
+    from sglang_kimi.hardening import request_validation
 
     request_validation._warn_seeds_ignored.cache_clear()
     plain = SimpleNamespace(model_config=MANAGER.model_config, server_args=SimpleNamespace())

@@ -1,4 +1,5 @@
-"""Side-route validation (``sglang_kimi/route_validation.py``): unknown parser names and Vertex parameters that are
+"""Side-route validation (``sglang_kimi/hardening/route_validation.py``): unknown parser names and Vertex parameters
+that are
 not generate request fields, or break ``/generate``'s contract, are HTTP 400s that are still the exception SGLang
 raised; valid ones reach SGLang unchanged."""
 
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi import HTTPException
 
-from sglang_kimi.route_validation import (
+from sglang_kimi.hardening.route_validation import (
     check_detokenize_tokens,
     check_generate_body,
     check_generate_contract,

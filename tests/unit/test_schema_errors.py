@@ -1,4 +1,5 @@
-"""The HTTP 400 message of a body that fails its route's schema (``sglang_kimi/schema_errors.py``): each field and its
+"""The HTTP 400 message of a body that fails its route's schema (``sglang_kimi/hardening/schema_errors.py``): each
+field and its
 problem once, union members the client did not mean left out, no echo of long values, no server paths."""
 
 import sys
@@ -12,7 +13,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
-from sglang_kimi.schema_errors import MAX_FIELDS, digest, install_schema_error_messages
+from sglang_kimi.hardening.schema_errors import MAX_FIELDS, digest, install_schema_error_messages
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 import requests
 
-from sglang_kimi.launch_checks import DEFAULT_HOST, LaunchError
-from sglang_kimi.server import LaunchSpec, ServerProcess
+from sglang_kimi.cli.launch_checks import DEFAULT_HOST, LaunchError
+from sglang_kimi.cli.server import LaunchSpec, ServerProcess
 
 # Stands in for SGLang: binds --port, answers /health, or exits with uvicorn's bind error (as SGLang's log has it).
 FAKE_SERVER = textwrap.dedent(
@@ -75,7 +75,7 @@ def test_a_port_the_user_chose_is_never_replaced(tmp_path, taken_port):
 
 def test_free_port_never_hands_out_a_port_twice(monkeypatch):
     """The kernel may offer a released port again; servers started side by side must still get distinct ones."""
-    from sglang_kimi import launch_checks
+    from sglang_kimi.cli import launch_checks
 
     offered = iter([41000, 41000, 41000, 41001])
 

@@ -1,4 +1,5 @@
-"""``/open_session``'s timeout (``sglang_kimi/sessions.py``): one the session cannot live with is an HTTP 400, where
+"""``/open_session``'s timeout (``sglang_kimi/hardening/sessions.py``): one the session cannot live with is an HTTP
+400, where
 SGLang answered the session's id and closed the session at once."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from support.refusals import refused
 
-from sglang_kimi.sessions import check_session_timeout
+from sglang_kimi.hardening.sessions import check_session_timeout
 
 
 @pytest.mark.parametrize("timeout", [0, -1, -0.5, float("inf"), float("nan"), True, "60"])

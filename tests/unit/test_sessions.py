@@ -1,4 +1,5 @@
-"""A session request that starts its session over (``replace`` without ``rid``), ``sglang_kimi/sessions.py``: served
+"""A session request that starts its session over (``replace`` without ``rid``), ``sglang_kimi/hardening/sessions.py``:
+served
 with no history, where SGLang's own clearing raised in the scheduler.
 
 SGLang's session module imports its scheduler's request types, which need the CPU import shims, so the tests run in
@@ -23,7 +24,7 @@ else:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
     from sglang.srt.session.session_controller import Session, SessionReqNode
 
-    from sglang_kimi.sessions import restart_session_first
+    from sglang_kimi.hardening.sessions import restart_session_first
 
     class Fields(SimpleNamespace):
         """A request object whose unset fields read as None (``create_req`` copies many of them to the new request)."""
@@ -97,7 +98,7 @@ else:
         return sessions, req, original, kv
 
     def test_the_last_output_tokens_kv_is_prefilled_again():
-        from sglang_kimi.sessions import commit_all_but_the_last_token
+        from sglang_kimi.speculative.streaming_sessions import commit_all_but_the_last_token
 
         sessions, req, original, kv = finished_turn()  # a speculative server: slots past the last token
         assert commit_all_but_the_last_token(original, sessions, req) is True
@@ -112,7 +113,7 @@ else:
         ],
     )
     def test_other_finished_turns_are_left_as_they_are(handled, allocated, session_id, committed):
-        from sglang_kimi.sessions import commit_all_but_the_last_token
+        from sglang_kimi.speculative.streaming_sessions import commit_all_but_the_last_token
 
         sessions, req, original, kv = finished_turn(handled, allocated, session_id)
         assert commit_all_but_the_last_token(original, sessions, req) is handled

@@ -1,4 +1,5 @@
-"""sglang_kimi.step_phases: a step's phases as consecutive named ranges in a torch profiler trace, closed however the
+"""sglang_kimi.speculative.step_phases: a step's phases as consecutive named ranges in a torch profiler trace, closed
+however the
 step ends, and nothing recorded while no profiler runs."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sglang_kimi.step_phases import NO_PHASES, PREFIX, StepPhases, step_phases
+from sglang_kimi.speculative.step_phases import NO_PHASES, PREFIX, StepPhases, step_phases
 
 
 def ranges(prof) -> list:

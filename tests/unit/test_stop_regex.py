@@ -1,4 +1,5 @@
-"""Bounded stop regexes (``sglang_kimi/stop_regex.py``): the same matches as ``re``, a time limit per search, and a
+"""Bounded stop regexes (``sglang_kimi/hardening/stop_regex.py``): the same matches as ``re``, a time limit per search,
+and a
 request whose search runs out of time ended with HTTP 400 while SGLang's module keeps its own ``re``."""
 
 import re
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi import stop_regex as sr
+from sglang_kimi.hardening import stop_regex as sr
 
 PATTERNS = [r"[0-9]+ =", r"\.$", r"^The", r"(\d+\s*)+=", r"(?i)answer", r"\bis\b", r"(?=x)x+", r"[^\W\d]+!", r"é+"]
 TEXTS = ["The answer is 12 = 12.", "no digits here", "x", "Ünïcödé é!", "", "12 34 =", "ANSWER: 4\n"]

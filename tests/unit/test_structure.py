@@ -112,3 +112,57 @@ def test_serving_does_not_import_the_reference_code():
     serving = [m for m in serving if m not in ("sglang_kimi.models.tiny", "sglang_kimi.kernels.resource_report")]
     for name in serving:
         assert not any(m.startswith("sglang_kimi.speculators.reference") for m in edges[name]), name
+
+
+# The package grouped by concern: a handful of plugin-level modules at the top, everything else in its area's folder.
+PLUGIN_LEVEL = {"__init__", "plugin", "hooks", "options", "flags", "version", "server_info", "environment", "log"}
+AREAS = {"speculative", "models", "platform", "hardening", "cli"}
+DATA_FOLDERS = {"assets"}
+
+
+def test_only_the_plugin_level_modules_sit_at_the_top():
+    top = REPO / "sglang_kimi"
+    modules_at_top = {p.stem for p in top.glob("*.py")}
+    assert modules_at_top == PLUGIN_LEVEL
+    folders = {p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == AREAS | DATA_FOLDERS
+    for area in AREAS:
+        assert (top / area / "__init__.py").is_file(), area
+
+
+def test_each_area_owns_its_table_entries_in_a_data_only_module():
+    """``plugin.py`` concatenates the areas' tables; each ``registrations.py`` imports nothing but the entry type."""
+    from sglang_kimi import plugin
+
+    for area in AREAS - {"cli"}:
+        path = REPO / "sglang_kimi" / area / "registrations.py"
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert imported == {"sglang_kimi.hooks"}, (area, imported)
+        assert not [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))], area
+        assert plugin.AREAS[area], area
+    for entry in plugin.REGISTRATIONS:
+        module = entry.install.partition(":")[0]
+        area = plugin.AREA_OF[entry.name]
+        if area != "plugin" and module.startswith("sglang_kimi.") and not module.startswith(
+            ("sglang_kimi.kernels.", "sglang_kimi.speculators.")
+        ):
+            assert module.startswith(f"sglang_kimi.{area}."), (entry.name, module)
+
+
+def test_each_sglang_name_is_written_once_in_the_table():
+    from sglang_kimi import plugin
+
+    for entry in plugin.REGISTRATIONS:
+        names = (entry.target, *entry.hooks, *entry.reads)
+        assert len(names) == len(set(names)), entry.name
+        assert len(entry.why) <= 2 * 120, entry.name  # one or two lines: the module docstring has the detail
+
+
+def test_nothing_but_the_table_imports_the_hardening_group():
+    """Turning the group off (SGLANG_KIMI_HARDENING=0) leaves nothing of it in use: only plugin.py reaches it."""
+    for name, targets in graph().items():
+        if name.startswith("sglang_kimi.hardening") or name == "sglang_kimi.plugin":
+            continue
+        assert not [t for t in targets if t.startswith("sglang_kimi.hardening")], name

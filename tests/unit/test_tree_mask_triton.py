@@ -1,4 +1,5 @@
-"""The DFLASH tree verify's FULL_MASK (``workers.tree_batch.full_tree_mask``) as SGLang's ``triton`` attention backend
+"""The DFLASH tree verify's FULL_MASK (``workers.tree_verify_inputs.full_tree_mask``) as SGLang's ``triton`` attention
+backend
 reads it: SGLang's Triton extend-attention kernel (the one its TARGET_VERIFY runs on a GPU) over a batch of trees,
 on CPU tensors through Triton's interpreter, against attention with each node seeing the prefix and its ancestors.
 
@@ -32,7 +33,7 @@ else:
 
     from support.tree_attention import SCALE, random_trees, reference, verify_batch
 
-    from sglang_kimi.workers.tree_batch import full_tree_mask
+    from sglang_kimi.speculative.workers.tree_verify_inputs import full_tree_mask
 
     assert interpreter_active(), "the child process must run Triton's interpreter"
 
@@ -77,7 +78,7 @@ else:
         """Under CUDA graphs the captured kernel reads SGLang's verify-mask buffer (uint8, sized for the captured
         batch at full context, holding an earlier step's values); a replay copies the step's mask to its front.
         The capacity is clipped at a batch of full contexts when the host bound runs past the context's end."""
-        from sglang_kimi.workers.tree_batch import tree_mask_capacity
+        from sglang_kimi.speculative.workers.tree_verify_inputs import tree_mask_capacity
 
         gen = torch.Generator().manual_seed(11)
         prefix_lens, n, context_len, max_bs = [14, 5, 9], 6, 16, 4

@@ -1,4 +1,5 @@
-"""The DFLASH tree worker under CUDA graphs (``workers/tree_verify_graphs.py``, ``DFlashTreeWorker.init_cuda_graphs``):
+"""The DFLASH tree worker under CUDA graphs (``speculative/workers/tree_verify_graphs.py``,
+``DFlashTreeWorker.init_cuda_graphs``):
 SGLang's capture of the DFLASH verify graph takes the tree mask when the tree worker serves, and a start-up whose
 target graphs lack it is refused; the drafter is not captured (it runs the block eager, at another width than the
 verify window SGLang captures it for).
@@ -30,7 +31,7 @@ else:
     from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_kimi.workers import tree_verify_graphs as tvg
+    from sglang_kimi.speculative.workers import tree_verify_graphs as tvg
 
     @pytest.fixture
     def policy_hooked(monkeypatch):
@@ -83,7 +84,7 @@ else:
         then the target's graphs are checked."""
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-        from sglang_kimi.workers.dflash_tree import DFlashTreeWorker
+        from sglang_kimi.speculative.workers.dflash_tree import DFlashTreeWorker
 
         captured = []
 

@@ -1,4 +1,5 @@
-"""Start-up checks of ``sglang_kimi.validation`` that need no SGLang process (the launcher's refusals as a user sees
+"""Start-up checks of ``sglang_kimi.speculative.validation`` that need no SGLang process (the launcher's refusals as a
+user sees
 them are in ``tests/e2e/test_speculative_config.py``)."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi import drafter_checks, validation
 from sglang_kimi.options import SpeculativeConfigError
-from sglang_kimi.workers import sampled_batches
+from sglang_kimi.speculative import drafter_checks, validation
+from sglang_kimi.speculative.workers import sampled_verify
 
 
 def eagle_shape(steps, topk, tokens):
@@ -103,13 +104,13 @@ def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, mon
     for other in ("xpu", "npu"):  # no CUDA sampling kernel, and no FlashInfer to name
         with pytest.raises(SpeculativeConfigError, match=f"which --device {other} does not have: drop both"):
             validation._check_accept_thresholds(thresholds(0.5, 1.0, other), "EAGLE3", PLAIN)
-    monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: True)
+    monkeypatch.setattr(sampled_verify, "flashinfer_installed", lambda: True)
     with caplog.at_level("WARNING", logger="sglang_kimi"):  # CUDA: SGLang's kernel applies them, not lossless
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "DFLASH", PLAIN)
     assert sum("do not follow the target's distribution" in r.getMessage() for r in caplog.records) == 2
     # CUDA without FlashInfer: SGLang cannot build that kernel, the plugin verifies
-    monkeypatch.setattr(sampled_batches, "flashinfer_installed", lambda: False)
+    monkeypatch.setattr(sampled_verify, "flashinfer_installed", lambda: False)
     with pytest.raises(SpeculativeConfigError, match="FlashInfer is not installed.*install FlashInfer"):
         validation._check_accept_thresholds(thresholds(0.5, 1.0), "EAGLE3", PLAIN)
     monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: True)
@@ -164,7 +165,7 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
     import huggingface_hub.constants
     from safetensors.torch import load_file, save_file
 
-    from sglang_kimi.server import TINY_DFLASH
+    from sglang_kimi.cli.server import TINY_DFLASH
     from sglang_kimi.speculators.configs import parse_drafter_config
 
     drafter = parse_drafter_config(TINY_DFLASH)

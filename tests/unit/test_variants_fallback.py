@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
+from sglang_kimi.cli.server import sglang_env
 from sglang_kimi.models.quant import fallback
 from sglang_kimi.models.quant.fallback import Device, fallback_reason, native_kernel
 from sglang_kimi.models.quant.formats import INT4, MXFP4
-from sglang_kimi.server import sglang_env
 
 H100 = Device("cuda", capability=(9, 0))
 V100 = Device("cuda", capability=(7, 0))

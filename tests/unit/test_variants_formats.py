@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from sglang_kimi.cli.server import sglang_env
 from sglang_kimi.models.quant import formats as F
 from sglang_kimi.models.tiny import TINY_MODEL_DIR
-from sglang_kimi.server import sglang_env
 
 # ---------------------------------------------------------------------------------------------------------------
 # INT4: compressed-tensors is the reference (pack_to_int32 / PackedQuantizationCompressor)

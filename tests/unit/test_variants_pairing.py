@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from sglang_kimi.cli.server import sglang_env
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import kimi_config
-from sglang_kimi.server import sglang_env
 from sglang_kimi.speculators import pairing as P
 from sglang_kimi.speculators.pairing import DrafterMismatchError
 
@@ -146,7 +146,7 @@ def test_incompatible_vocab_is_an_error():
 # SGLang's own loader from folders named like the published checkpoints.
 STARTUP = r"""
 import logging, sys, types
-from sglang_kimi import drafter_checks
+from sglang_kimi.speculative import drafter_checks
 from sglang_kimi.speculators.pairing import DrafterMismatchError
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 target, drafter, bad = sys.argv[1:4]

@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_kimi import cli, doctor
+from sglang_kimi.cli import doctor
+from sglang_kimi.cli import main as cli
 from sglang_kimi.models.tiny import TINY_MODEL_DIR
 
 

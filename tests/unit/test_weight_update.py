@@ -1,4 +1,4 @@
-"""``sglang_kimi/weight_update.py`` around stand-ins that behave as SGLang's do: the rollback of a failed
+"""``sglang_kimi/hardening/weight_update.py`` around stand-ins that behave as SGLang's do: the rollback of a failed
 ``/update_weights_from_disk`` (the updater records the new path first, and its rollback reads that path), and the
 wait for the scheduler to retire the batch whose requests just finished before the update is sent."""
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi import weight_update
-from sglang_kimi.weight_update import update_once_idle, update_weights_from_disk
+from sglang_kimi.hardening import weight_update
+from sglang_kimi.hardening.weight_update import update_once_idle, update_weights_from_disk
 
 SERVED, OTHER = "/models/served", "/models/drafter"
 

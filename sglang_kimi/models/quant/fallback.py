@@ -22,15 +22,13 @@ checks and small models; serving the 1T Kimi-K2.6 needs the native kernels.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
+from sglang_kimi.log import warn_once
 from sglang_kimi.models.quant.formats import INT4, MXFP4, dequantize_int4, dequantize_mxfp4
-
-logger = logging.getLogger("sglang_kimi")
 
 # SGLang registry keys the fallbacks replace (never a new name: ROCm refuses unknown quantization names).
 REGISTRY_KEYS = {INT4: "compressed-tensors", MXFP4: "quark"}
@@ -104,16 +102,11 @@ def fallback_reason(fmt: str, device: Device) -> str:
     )
 
 
-_announced: set[str] = set()
-
-
 def _uses_fallback(fmt: str) -> bool:
     device = current_device()
     if native_kernel(fmt, device) is not None:
         return False
-    if fmt not in _announced:
-        _announced.add(fmt)
-        logger.warning("sglang-kimi: %s", fallback_reason(fmt, device))
+    warn_once(f"fallback:{fmt}", "sglang-kimi: %s", fallback_reason(fmt, device))
     return True
 
 

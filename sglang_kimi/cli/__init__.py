@@ -1,0 +1,1 @@
+"""The ``sglang-kimi`` command: serve launcher, demo, doctor, audit, and the eval / bench / tuning commands."""

@@ -1,0 +1,195 @@
+"""Fixes for SGLang's CPU path, installed through SGLang's registries and hooks (entries: platform/registrations.py)."""
+
+CPU_MLA_BACKENDS = ("torch_native",)
+
+
+def _absorbed_mla(attn, forward_batch):
+    """Always run MLA in the absorbed form (queries against the latent KV cache)."""
+    from sglang.srt.models.deepseek_common.attention_backend_handler import _dispatch_mla_subtype
+
+    return _dispatch_mla_subtype(attn, forward_batch)
+
+
+def install_absorbed_mla_handler(target: str):
+    """torch_native has no entry in the DeepSeek attention-method registry, so it falls back to the triton
+    handler, which picks the non-absorbed MHA path for prefill without a cached prefix. But
+    ``TorchNativeAttnBackend.forward_extend`` ignores the per-head k/v it is given and attends over the
+    latent KV pool, so prefill is wrong (or crashes when the MLA dims differ). Absorbed MLA is correct."""
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+
+    for backend in CPU_MLA_BACKENDS:
+        if backend in AttentionBackendRegistry._handlers:
+            return f"SGLang already has a {backend} handler"
+        AttentionBackendRegistry.register(backend, _absorbed_mla)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Upstream bugs on SGLang's speculative CPU path (entries: platform/registrations.py).
+
+# Backends whose TARGET_VERIFY reads SGLang's QLEN_ONLY tree mask; every other backend reads FULL_MASK.
+QLEN_ONLY_MASK_BACKENDS = ("intel_amx", "kimi_cpu")
+
+
+def _verify_attention_backend() -> str | None:
+    """The backend that runs TARGET_VERIFY: the decode backend under ``--speculative-attention-mode decode``,
+    the prefill backend otherwise (``HybridAttnBackend._select_backend``)."""
+    from sglang.srt.runtime_context import attention_backends, get_spec
+
+    prefill, decode = attention_backends()
+    return decode if get_spec().speculative_attention_mode == "decode" else prefill
+
+
+def _tree_mask_mode_for_verify_backend(original):
+    """On CPU, QLEN_ONLY only for the backends that read it; FULL_MASK (the GPU layout) for the others."""
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+    from sglang.srt.utils import is_cpu
+
+    if not is_cpu():
+        return original()
+    backend = _verify_attention_backend()
+    return TreeMaskMode.QLEN_ONLY if backend in QLEN_ONLY_MASK_BACKENDS else TreeMaskMode.FULL_MASK
+
+
+def install_tree_mask_mode(target: str):
+    """``eagle_utils.default_tree_mask_mode()`` returns QLEN_ONLY whenever the platform is CPU (a layout meant for
+    the intel_amx kernel), but SGLang's other backends read FULL_MASK rows of ``seq_len + N`` cells
+    (``triton_backend.py``): with ``--attention-backend triton`` on CPU the verify reads a garbage mask and greedy
+    speculative output diverges. Pick the layout by the backend that runs TARGET_VERIFY."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _tree_mask_mode_for_verify_backend, "AROUND")
+
+
+class CpuSRTPlatformWithDFlash:
+    """Stands in for SGLang's CPU platform while ``_handle_dflash`` validates a CPU server: it claims DFLASH
+    support (the in-tree check accepts only cuda/npu/xpu) and answers the out-of-tree draft-backend questions
+    with SGLang's in-tree rule (``DRAFT_ATTENTION_BACKEND_CHOICES``), falling back to ``kimi_cpu``. Everything
+    else is the real platform."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm == "DFLASH"
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+        return backend in DRAFT_ATTENTION_BACKEND_CHOICES
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        from sglang_kimi.platform.cpu import KIMI_CPU_BACKEND
+
+        return KIMI_CPU_BACKEND
+
+
+def _handle_dflash_on_cpu(original, server_args):
+    from sglang.srt.arg_groups import speculative_hook
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    if resolving_view(server_args).device != "cpu":
+        return original(server_args)
+    platform = getattr(speculative_hook, "current_platform", None)
+    if platform is None:  # SGLang 0.5.20: no platform; _handle_dflash compares cfg.device with cuda/npu/xpu
+        return _handle_dflash_reading_xpu(original, server_args, speculative_hook)
+    if platform.is_out_of_tree():
+        return original(server_args)
+    speculative_hook.current_platform = CpuSRTPlatformWithDFlash(platform)
+    try:
+        return original(server_args)
+    finally:
+        speculative_hook.current_platform = platform
+
+
+class _DeviceView:
+    def __init__(self, view, device: str):
+        self._view, self.device = view, device
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+
+def _handle_dflash_reading_xpu(original, server_args, speculative_hook):
+    """SGLang 0.5.20's ``_handle_dflash`` reads the device twice: its device check, and a dp-attention check that
+    refuses every device but NPU (CPU and XPU alike); while it runs, its ``resolving_view`` reports ``xpu``."""
+    resolving_view = speculative_hook.resolving_view
+    speculative_hook.resolving_view = lambda args: _DeviceView(resolving_view(args), "xpu")
+    try:
+        return original(server_args)
+    finally:
+        speculative_hook.resolving_view = resolving_view
+
+
+def install_dflash_on_cpu(target: str):
+    """``_handle_dflash`` refuses every device but cuda/npu/xpu (``ValueError: DFLASH speculative decoding is not
+    supported by CpuSRTPlatform on device 'cpu'``) although the DFLASH worker has eager torch paths for all of its
+    steps. On a CPU server, run the whole upstream validation with the platform claiming DFLASH support."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _handle_dflash_on_cpu, "AROUND")
+
+
+def _record_stream_cuda_only(self, stream):
+    """``Tensor.record_stream`` as SGLang's ``spec_utils.record_stream_each`` applies it: CUDA tensors only."""
+    import torch
+
+    if self.is_cuda:
+        return torch._C.TensorBase.record_stream(self, stream)
+    return None
+
+
+def _dflash_forward_without_cpu_record_stream(original, self, *args, **kwargs):
+    import torch
+
+    if torch.device(self.device).type != "cpu" or "record_stream" in torch.Tensor.__dict__:
+        return original(self, *args, **kwargs)
+    torch.Tensor.record_stream = _record_stream_cuda_only
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        del torch.Tensor.record_stream  # back to TensorBase.record_stream
+
+
+def install_dflash_record_stream_guard(target: str):
+    """``DFlashWorkerV2.forward_batch_generation`` calls ``batch.seq_lens.record_stream(current_stream())``
+    unconditionally; on CPU ``torch.cpu.current_stream()`` is no ``torch.Stream`` (``RuntimeError: unknown
+    parameter type``) and CPU tensors have no stream to record. While that worker runs on a CPU device,
+    ``record_stream`` skips non-CUDA tensors (as ``spec_utils.record_stream_each`` does); other devices and
+    other code are untouched."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _dflash_forward_without_cpu_record_stream, "AROUND")
+
+
+def _no_triton_for_kimi_cpu(original, backend):
+    from sglang_kimi.platform.cpu import KIMI_CPU_BACKEND
+
+    return False if backend == KIMI_CPU_BACKEND else original(backend)
+
+
+def install_no_triton_for_kimi_cpu(target: str):
+    """``support_triton("kimi_cpu")``: False (SGLang 0.5.22+ answers False on any CPU already)."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _no_triton_for_kimi_cpu, "AROUND")
+
+
+def _dflash_attention_without_triton_rope(result, self, *args, **kwargs):
+    self.use_table_qk_norm_rope = False  # the torch path: apply_qk_norm, then the rotary embedding
+
+
+def install_dflash_draft_torch_rope(target: str):
+    """``DFlashAttention`` runs its q/k norm and rotary embedding as one Triton kernel (``table_qk_norm_rope_``)
+    whenever the drafter's activations are bfloat16; on CPU Triton has no driver, so a ``--dtype bfloat16`` DFLASH
+    server ended at its first draft block. On CPU the drafter takes SGLang's torch path (the one every other dtype
+    takes)."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _dflash_attention_without_triton_rope, "AFTER")

@@ -1,0 +1,1 @@
+"""The product on SGLang's side: speculative workers, adaptive runtime, start-up checks, metrics."""

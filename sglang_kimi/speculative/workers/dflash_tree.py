@@ -1,0 +1,455 @@
+"""DFLASH with DDTree draft trees: one DFlash pass, a best-first tree of its per-position marginals, one tree verify.
+
+SGLang's ``DFlashWorkerV2`` drafts a block and verifies it as a chain. :class:`DFlashTreeWorker` keeps its prefill,
+its draft forward and its draft-KV bookkeeping, and replaces the decode step:
+
+1. draft: the block ``[bonus, mask x (B-1)]`` through the DFlash drafter (non-causal, context = the drafter's KV of
+   the committed tokens), then the target's LM head ranks each position's best K = budget tokens (tensor-parallel:
+   each rank ranks its vocabulary shard; the shards' candidates and log-sum-exps are gathered);
+2. tree: DDTree (``speculators.ddtree.build_ddtree_ranked``; the Triton ``kernels.ddtree_build`` on a GPU) with
+   ``budget`` nodes below the root, padded to the N = budget + 1 slots of the verify window;
+3. verify: the target over the N nodes at positions ``prefix + depth`` with the ancestor mask (``DFlashVerifyInput``
+   with a FULL_MASK custom mask); greedy or target-only sampled tree verification (``speculators.verify``);
+4. commit: the accepted path moves to the front of the window by permuting the request's ``req_to_token`` slots
+   (its KV was written at the final positions already), so the rest of SGLang, the drafter's KV append included,
+   sees a chain of ``accepted + 1`` committed tokens.
+
+With CUDA graphs the verify of the full window replays SGLang's target graph, captured with the tree mask
+(``tree_verify_graphs.py``); narrower windows and larger batches run eager, and so does the drafter.
+
+With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too (a chain is a path tree of the
+block's argmax drafts) and each step runs the width ``w`` the policy chose for its batch
+(``speculative/adaptive/runtime.py``):
+w drafts of a chain or a tree of w nodes, a verify window of w + 1 tokens (the verify forward really shrinks; SGLang
+keeps reserving the widest window, so nothing is freed or re-planned), or with w = 0 no draft at all (a one-token
+verify: a plain decode step that still feeds the drafter's context).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.distributed import tensor_model_parallel_all_gather
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments, is_dense_head_weight
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
+
+try:  # return_sampling_mask for speculative decoding (a release without it has no such request option)
+    from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
+except ImportError:
+    SpeculativeSamplingMaskCapture = None
+
+from sglang_kimi.options import debug_greedy_verify, plugin_args
+from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
+from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
+from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
+from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
+from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
+from sglang_kimi.speculative.workers.tree_verify_inputs import (
+    full_tree_mask,
+    tree_mask_capacity,
+    verify_coins,
+    verify_probs,
+)
+from sglang_kimi.speculators.ddtree import (
+    build_ddtree_ranked,
+    merge_shard_candidates,
+    rank_draft_logits,
+    shard_candidates,
+)
+from sglang_kimi.speculators.trees import DraftTree, build_chain
+from sglang_kimi.speculators.verify import verify_tree
+from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+
+logger = logging.getLogger(__name__)
+
+OUT_TOKEN_PAD = 0  # SGLang reads only the first accept_len entries of a row; 0 keeps log-prob gathers in range
+
+
+def _attn_dp_enabled(parallel) -> bool:
+    """SGLang 0.5.22+ publishes ``attn_dp_enabled``; 0.5.20-0.5.21 publish the flag ``enable_dp_attention``."""
+    try:
+        return bool(parallel.attn_dp_enabled)
+    except AttributeError:
+        return bool(parallel.enable_dp_attention)
+
+
+def _draft_tp_scope(worker):
+    """The TP scope DFlashWorkerV2 enters around its own draft forwards; how it is entered changed in each release:
+    0.5.23 ``draft_tp_context(self.draft_parallel_layout)``, 0.5.22 ``draft_tp_context(self.draft_owns_attention)``,
+    0.5.21 ``self.draft_tp_context(tp_group, owns_attention=...)``, 0.5.20 ``self.draft_tp_context(tp_group)``."""
+    own = vars(worker)  # DFlashWorkerV2.__getattr__ falls back to the target worker: read the worker's own attributes
+    if "draft_parallel_layout" in own:
+        return draft_tp_context(own["draft_parallel_layout"])
+    if "draft_tp_context" not in own:
+        return draft_tp_context(own["draft_owns_attention"])
+    group = worker.draft_model_runner.tp_group
+    if "draft_owns_attention" in own:
+        return worker.draft_tp_context(group, owns_attention=own["draft_owns_attention"])
+    return worker.draft_tp_context(group)
+
+
+class DFlashTreeWorker(DFlashWorkerV2):
+    """``--speculative-algorithm DFLASH --speculative-dflash-tree-budget N``: DFlash with DDTree draft trees."""
+
+    def __init__(self, server_args, *args, **kwargs):  # SGLang 0.5.20 also passes ps (its ParallelState)
+        super().__init__(server_args, *args, **kwargs)
+        args = plugin_args(server_args)
+        # None: adaptive DFLASH chains (path trees of the block's argmax drafts)
+        self.tree_budget = None if args.dflash_tree_budget is None else int(args.dflash_tree_budget)
+        # SGLang sized every per-step buffer and KV reservation by the widest verify window (set at start-up); the
+        # drafter runs the (not longer) block.
+        self.num_verify_tokens = int(self.block_size)
+        self.block_size = int(args.dflash_tree_block)
+        self.max_width = self.tree_budget if self.tree_budget is not None else self.block_size - 1
+        mode = "DFLASH draft trees" if self.tree_budget is not None else "adaptive DFLASH chains"
+        self.speculative_num_draft_tokens = self.num_verify_tokens
+        self.draft_model.set_block_size(self.block_size)
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self._use_triton_ddtree = torch.device(self.device).type == "cuda"  # CUDA and ROCm builds
+        for unsupported, what in (
+            (self.use_compact_draft_cache, "--speculative-draft-window-size"),
+            (self.selector is not None, "a DFlash drafter with a candidate selector"),
+            (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
+            (self._is_domino, "a Domino DFlash drafter"),
+            (_attn_dp_enabled(get_parallel()), "DP attention"),
+        ):
+            if unsupported:
+                raise ValueError(f"{mode} do not support {what}")
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None or not is_dense_head_weight(getattr(lm_head, "weight", None)):
+            raise ValueError(f"{mode} need the target's LM head as a dense (unquantized) weight")
+        logger.info(
+            "%s: up to %d %s, draft block %d, verify window up to %d",
+            mode,
+            self.max_width,
+            "nodes" if self.tree_budget is not None else "drafts",
+            self.block_size,
+            self.num_verify_tokens,
+        )
+        self.adaptive = None
+        self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
+        mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
+
+    def init_cuda_graphs(self):
+        """SGLang's DFLASH set-up, with the drafter eager: the drafter's graphs are captured for SGLang's chain
+        (the verify window's width, its argmax head folded in), while this worker runs the drafter over the block,
+        a different width, and ranks the drafts with the LM head itself. The target's verify graphs must carry
+        the tree mask."""
+        draft_worker = self._draft_worker
+        capture = draft_worker.init_cuda_graphs
+
+        def without_draft_graphs(capture_decode_cuda_graph: bool = True):
+            return capture(capture_decode_cuda_graph=False)
+
+        draft_worker.init_cuda_graphs = without_draft_graphs  # this worker's drafter only, for this call
+        try:
+            super().init_cuda_graphs()
+        finally:
+            del draft_worker.init_cuda_graphs
+        check_target_graphs(self.target_worker.model_runner)
+        self._start_adaptive()
+
+    def _maybe_build_draft_sampler(self):
+        return None  # SGLang's in-graph argmax of the chain's drafts: the tree ranks each position's top K instead
+
+    def _start_adaptive(self):
+        if self._adaptive_pending:
+            from sglang_kimi.speculative.adaptive.dflash import start_adaptive
+
+            self._adaptive_pending = False
+            self.adaptive = start_adaptive(self, plugin_args(self.server_args))
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
+        with verify_penalties(batch), exact_step(), step_phases() as phases:
+            return self._tree_decode_step(batch, on_publish, grammar_barrier, phases)
+
+    def _tree_decode_step(self, batch, on_publish, grammar_barrier, phases: StepPhases) -> GenerationBatchResult:
+        phases.enter("plan")
+        draft_input = batch.spec_info
+        bs = len(batch.seq_lens)
+        self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
+        width = self.adaptive.choose(bs) if self.adaptive is not None else self.max_width
+        started = self.adaptive.start() if self.adaptive is not None else None
+        block, window = self.block_size, width + 1
+        prefix_lens = batch.seq_lens  # [bs]
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+        target_runner = self.target_worker.model_runner
+        req_to_token = target_runner.req_to_token_pool.req_to_token
+
+        # The step's slots: reserved by SGLang for the widest window, from position prefix on; the verify writes
+        # the first w + 1 of them, the drafter's scratch block the first B.
+        span = max(window, block) if width > 0 else window
+        window_slots = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + span,
+            batch_size=bs,
+            draft_token_num=span,
+            device=self.device,
+        ).view(bs, span)  # [bs, span]
+        verify_slots = window_slots[:, :window].contiguous()  # [bs, w+1]
+        kv_loc_plan = self._plan(batch, seq_lens_cpu, verify_slots)
+
+        # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head.
+        root = draft_input.bonus_tokens.view(-1).long()  # [bs]
+        if width == 0:
+            tree = build_chain(root, root.new_empty((bs, 0)))
+        else:
+            # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
+            draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
+            tree = self._draft_tree(batch, root, prefix_lens, seq_lens_cpu, draft_plan, width, phases)
+
+        # 2) The tree (or chain), padded to the window.
+        phases.enter("verify_prepare")
+        tree = pad_tree(tree, window)
+        grammar_tree = (
+            GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
+            if batch.has_grammar
+            else None
+        )
+
+        # 3) Target verify over the tree.
+        positions = tree.positions(prefix_lens.long()).reshape(-1)  # [bs*N]
+        verify_input = DFlashVerifyInput(
+            draft_token=tree.tokens.reshape(-1),
+            positions=positions,
+            draft_token_num=window,
+            # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
+            custom_mask=full_tree_mask(
+                tree.ancestor_mask(),
+                prefix_lens,
+                tree_mask_capacity(seq_lens_cpu[:bs], window, target_runner.model_config.context_len),
+            ),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=kv_loc_plan,
+        )
+        batch.out_cache_loc = verify_slots.reshape(-1)
+        saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        if saved_cpu is not None:
+            batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        phases.enter("target_forward")
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        phases.enter("verify_accept")
+        logits_output = target_out.logits_output
+        logits = logits_output.next_token_logits  # [bs*N, V]
+        sampling_info = batch.sampling_info
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=window
+            )
+            apply_exact_penalties(logits, tree)  # a penalised step: each node's own penalties, then the logit bias
+        if grammar_tree is not None:
+            build_grammar_vocab_mask(
+                reqs=batch.reqs,
+                tree=grammar_tree,
+                sampling_info=sampling_info,
+                device=logits.device,
+                barrier=grammar_barrier,
+            ).apply(logits)
+        apply_processors(logits, sampling_info, tree)  # custom logit processors last, each node seeing its own path
+
+        # 4) Verify and commit.
+        if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
+            result = verify_tree(tree, target_logits=logits.view(bs, window, -1))
+        else:
+            probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
+            coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
+            result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins))
+        commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
+        order = path_first_order(result.accepted_nodes, window)  # [bs, N]
+        committed_slots = verify_slots.gather(1, order)  # [bs, w+1]
+        columns = prefix_lens.long()[:, None] + torch.arange(window, device=self.device)  # [bs, N]
+        req_to_token[batch.req_pool_indices.long()[:, None], columns] = committed_slots.to(req_to_token.dtype)
+
+        out_tokens = torch.full((bs, window), OUT_TOKEN_PAD, dtype=torch.int64, device=self.device)
+        emitted = result.output_tokens.shape[1]
+        out_tokens[:, :emitted] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
+        logits_output.next_token_logits = gather_rows(logits, order)  # [bs*N, V], row j: out_tokens[:, j]'s law
+        self._capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
+
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # The drafter's context: the committed tokens' target features, at their positions and slots.
+        phases.enter("draft_kv_append")
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH tree verify requires target hidden states, but got None.")
+        draft_slots = self._draft_write_ids(kv_loc_plan).view(bs, window).gather(1, order)  # [bs, N]
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=gather_rows(hidden, order),
+            cache_loc=draft_slots.reshape(-1),
+            cache_loc_2d=draft_slots,
+            positions=columns.reshape(-1),
+            commit_lens=commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        if self.adaptive is not None:
+            self.adaptive.finish(started, bs, width, result.num_accepted)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=result.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=window,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    @staticmethod
+    def _capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window: int):
+        """``return_sampling_mask``: each committed token's sampling support and log-probability, as SGLang's DFLASH
+        chain reports them. The path-first logits are a chain's layout (row j: the law out_tokens[:, j] was drawn
+        from), so SGLang's own capture applies unchanged; without it the scheduler aborts such requests."""
+        if SpeculativeSamplingMaskCapture is None:
+            return
+        capture = SpeculativeSamplingMaskCapture.from_logits(
+            sampling_info,
+            next_token_logits=logits_output.next_token_logits,
+            draft_input=draft_input,
+            draft_token_num=window,
+            bs=len(commit_lens),
+        )
+        if capture is not None:
+            logits_output.sampling_mask_output = capture.build_output(out_tokens=out_tokens, commit_lens=commit_lens)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _draft_tree(
+        self, batch, root, prefix_lens, seq_lens_cpu, draft_plan, width: int, phases: StepPhases | None = None
+    ) -> DraftTree:
+        """The step's draft of width >= 1: the drafter's block, ranked by the target's LM head, as a chain of the
+        argmax drafts (chain mode) or a DDTree of ``width`` nodes."""
+        phases = phases or NO_PHASES
+        bs, block = root.shape[0], self.block_size
+        phases.enter("draft_forward")
+        draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
+        phases.enter("draft_rank")
+        depth = min(width, block - 1)  # draft positions the step can use
+        k = 1 if self.tree_budget is None else width
+        ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
+        ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
+        ranked_ids = ranked_ids.view(bs, depth, -1)
+        ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+        phases.enter("tree_build")
+        if self.tree_budget is None:
+            return build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
+        return self._build_tree(root, ranked_lp, ranked_ids, width)
+
+    def _plan(self, batch, seq_lens_cpu, slots: torch.Tensor):
+        """The KV plan of a forward writing ``slots`` [bs, n] from the committed prefix on."""
+        return self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=slots.reshape(-1),
+            read_extent=slots.shape[1],
+        )
+
+    def _draft_block(self, batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan) -> torch.Tensor:
+        """Hidden states [bs, B, H] of the DFlash drafter over the block [root, mask x (B-1)]."""
+        bs, block = root.shape[0], self.block_size
+        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
+        block_ids[:, 0] = root
+        positions = (prefix_lens[:, None] + self._block_pos_offsets).reshape(-1)  # [bs*B]
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        input_embeds = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            input_embeds = input_embeds * self._noise_embed_scale
+        host_lens = seq_lens_cpu[:bs] + block  # host bound: committed prefix + the block
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.reshape(-1),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=None,
+            seq_lens_sum=int(host_lens.sum()),
+            seq_lens_cpu=host_lens,
+            positions=positions,
+            input_embeds=input_embeds.reshape(bs * block, -1),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=False,
+        )
+        # The block's scratch KV goes to the first B slots of the window; the verify rewrites them.
+        kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
+        with torch.inference_mode(), _draft_tp_scope(self):
+            out = self.draft_model_runner.forward(forward_batch)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH draft model returned no hidden states.")
+        return hidden.view(bs, block, -1)
+
+    def _ranked_draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's best min(k, V) tokens under the target's LM head: (log-probs [n, K] float32 over
+        the full vocabulary, token ids [n, K]), ranked by log-prob then id. Tensor-parallel: every rank ranks its
+        shard; candidates and log-sum-exps are gathered, so all ranks build the same tree."""
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        weight = lm_head.weight  # [local vocab (padded), H]
+        vocab = int(self.model_runner.model_config.vocab_size)
+        shard = getattr(lm_head, "shard_indices", None)
+        tp_size = int(get_parallel().tp_group.world_size) if shard is not None else 1
+        local_start = int(shard.org_vocab_start_index) if shard is not None else 0
+        local_size = int(shard.num_org_elements) if shard is not None else vocab
+        with _draft_tp_scope(self):
+            logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
+        k = min(k, vocab)
+        if tp_size == 1:
+            return rank_draft_logits(logits, k)
+        values, ids, lse = shard_candidates(logits, k, local_start)  # [n, K], [n, K], [n, 1]
+        values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
+        ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
+        lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
+        return merge_shard_candidates(values, ids, lse, k)
+
+    def _blind_nonfinite_drafts(self, ranked_lp: torch.Tensor) -> torch.Tensor:
+        """NaN or +inf log-probs (a corrupted drafter) become -inf: those positions' candidates rank last and the
+        tree stays well formed (verification is lossless whatever is drafted); counted on the device, logged once
+        (``metrics.DraftHealth``). Nothing here waits for the device."""
+        from sglang_kimi.speculative.metrics import draft_health
+
+        bad = torch.isnan(ranked_lp) | (ranked_lp == float("inf"))  # [bs, B-1, K]
+        draft_health.add(bad)
+        return ranked_lp.masked_fill(bad, float("-inf"))
+
+    def _build_tree(self, root, ranked_lp, ranked_ids, budget: int) -> DraftTree:
+        if self._use_triton_ddtree:
+            from sglang_kimi.kernels.ddtree_build import ddtree_build
+
+            return ddtree_build(root, ranked_lp, ranked_ids, budget)
+        return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)
