@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _reexec_with_cpu_env() -> None:
-    shims = str(REPO / "sglang_kimi" / "cpu" / "shims")
+    shims = str(REPO / "sglang_kimi" / "platform" / "cpu" / "shims")
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and shims in os.environ.get("PYTHONPATH", ""):
         return
     env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")

@@ -122,6 +122,7 @@ def gpu_idle_share(events: list[dict]) -> dict:
 
 
 PHASE_PREFIX = "sglang_kimi."  # sglang_kimi.speculative.step_phases: the named ranges of a speculative step
+STEP_RANGE = PHASE_PREFIX + "step"  # the whole step, around its phases
 RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # the host's calls into the CUDA (or HIP) runtime and driver
 LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
                 "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipGraphLaunch"}  # fmt: skip
@@ -133,15 +134,16 @@ def step_phases(events: list[dict]) -> dict:
     each phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to
     first phase start) and the share of the period spent on the host outside the target forward: drafting, tree
     build, verify bookkeeping. Empty for a worker without phases (SGLang's own)."""
-    ranges = [
+    named = [
         e
         for e in events
         if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith(PHASE_PREFIX)
     ]
+    ranges = [e for e in named if e["name"] != STEP_RANGE]  # the phases; the step range holds them
     if not ranges:
         return {}
-    first = min(ranges, key=lambda e: e["ts"])["name"]  # the phase each step opens with
-    starts = sorted(e["ts"] for e in ranges if e["name"] == first)
+    first = STEP_RANGE if any(e["name"] == STEP_RANGE for e in named) else min(ranges, key=lambda e: e["ts"])["name"]
+    starts = sorted(e["ts"] for e in named if e["name"] == first)  # each step's start
     steps = len(starts)
     per_phase: dict[str, float] = {}
     for e in ranges:
@@ -151,7 +153,11 @@ def step_phases(events: list[dict]) -> dict:
     out.update(_runtime_calls_per_phase(events, ranges, steps))
     if steps > 1:
         period = (starts[-1] - starts[0]) / 1e3 / (steps - 1)
-        outside = sum(v for k, v in per_phase.items() if k != "target_forward")
+        step_host = [e.get("dur", 0) / 1e3 for e in named if e["name"] == STEP_RANGE]
+        if step_host:  # the step's range: everything in it but the target forward (SGLang's chain names no phase)
+            outside = sum(step_host) / steps - per_phase.get("target_forward", 0.0)
+        else:
+            outside = sum(v for k, v in per_phase.items() if k != "target_forward")
         out.update(step_ms=round(period, 4), host_share_outside_target_forward=outside / period)
     return out
 

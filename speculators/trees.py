@@ -136,15 +136,16 @@ class DraftTree:
         """bool [B, N, N]: row i sees column j iff j is i or an ancestor of i (the root is everyone's ancestor).
 
         Padding rows see only themselves (so a softmax over the row stays finite); no real row sees padding.
+        The transitive closure of "is i or i's parent" by squaring: after s squarings a row reaches 2**s generations,
+        so ceil(log2(max_depth + 1)) batched matmuls suffice (no loop over depths or nodes).
         """
         n = self.num_slots
         slots = torch.arange(n, device=self.tokens.device)
-        mask = (slots[:, None] == slots[None, :]).expand(self.batch_size, n, n).clone()  # [B, N, N]
-        node = slots.expand(self.batch_size, n)  # [B, N]: walks from every node up to the root
-        for _ in range(self.max_depth):
-            node = torch.where(node >= 0, self.parents.gather(1, node.clamp(min=0)), NO_PARENT)
-            mask |= node[:, :, None] == slots[None, None, :]
-        return mask
+        reach = (self.parents[:, :, None] == slots) | (slots[:, None] == slots)  # [B, N, N]: self or parent
+        reach = reach.float()
+        for _ in range(max(self.max_depth, 1).bit_length()):  # 2**s > max_depth generations
+            reach = torch.bmm(reach, reach).clamp_(max=1.0)  # exact: entries stay 0 or 1 (sums <= N)
+        return reach > 0
 
     def node_paths(self) -> list[list[list[int]]]:
         """Host lists [B][N]: the drafts from the root's child down to each node, the node included; the root's
@@ -217,35 +218,39 @@ def build_chain(root: torch.Tensor, draft_tokens: torch.Tensor) -> DraftTree:
     )
 
 
+# Rows up to this long are ranked by one stable sort; longer ones (a vocabulary) by one top-k over integer keys.
+SORT_RANK_MAX = 4096
+
+
 def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest of values [..., V] along the last dim, ordered by value descending then index ascending.
 
     Deterministic where ``torch.topk`` is not: among equal values the lowest indices win, also across the cut.
+    Static shapes and no host synchronisation (a CUDA graph holds it): short rows take a stable sort, long ones one
+    ``topk`` over int64 keys ``order_key(value) * 2**32 + (V - 1 - index)``, unique per row, so the k largest keys
+    are the order itself. -0.0 ranks as 0.0 and NaN above every number, as ``torch.topk`` ranks them.
     Example: ``values = [0, 3, 1, 3], k = 2`` gives ``([3, 3], [1, 3])``; ``k = 3`` gives ``([3, 3, 1], [1, 3, 2])``.
     Returns (values [..., k], indices [..., k] int64).
     """
     num = values.shape[-1]
-    if k >= num:
-        return values.sort(dim=-1, descending=True, stable=True)
-    top, idx = values.topk(k + 1, dim=-1)  # the (k+1)-th value tells whether a tie straddles the cut
-    cut_tie = top[..., k - 1] == top[..., k]  # [...]
-    top, idx = top[..., :k].contiguous(), idx[..., :k].contiguous()
-    if bool(cut_tie.any()):  # rare for float logits, common for flat or bf16-rounded ones
-        rows = cut_tie.nonzero(as_tuple=True)
-        row_values = values[rows]  # [R, V]
-        cut = top[rows][:, k - 1 : k]  # [R, 1]
-        ids = torch.arange(num, device=values.device)
-        # Above the cut: key -1 (all kept, fewer than k of them); at the cut: key = index, lowest first.
-        key = torch.where(row_values > cut, -1, torch.where(row_values == cut, ids, num))
-        sel = key.topk(k, dim=-1, largest=False).indices  # [R, k]
-        idx[rows] = sel
-        top[rows] = row_values.gather(-1, sel)
-    elif not bool((top[..., 1:] == top[..., :-1]).any()):
-        return top, idx  # topk's order is value descending; without equal values it is the whole order
-    idx, by_index = idx.sort(dim=-1)
-    top = top.gather(-1, by_index)
-    top, by_value = top.sort(dim=-1, descending=True, stable=True)
-    return top, idx.gather(-1, by_value)
+    k = min(k, num)
+    if num <= SORT_RANK_MAX:
+        top, idx = values.sort(dim=-1, descending=True, stable=True)
+        return top[..., :k], idx[..., :k]
+    reversed_index = torch.arange(num - 1, -1, -1, device=values.device)  # [V]: lower index, larger key
+    key = _order_key(values) * (1 << 32) + reversed_index  # [..., V] int64
+    idx = key.topk(k, dim=-1).indices  # [..., k], sorted
+    return values.gather(-1, idx), idx
+
+
+def _order_key(values: torch.Tensor) -> torch.Tensor:
+    """int64 [..., V] in [-2**31, 2**31) ordered as the float32 values are: a non-negative float's bits grow with it,
+    a negative float's bits grow with its magnitude, so those are flipped. Example: -1.0, -0.0, 0.0, 1.0 ->
+    keys -1065353217, 0, 0, 1065353216."""
+    v = values.float() + 0.0  # -0.0 + 0.0 = 0.0: equal values, equal keys
+    v = torch.where(v.isnan(), float("nan"), v)  # every NaN as the positive quiet NaN, above +inf
+    bits = v.view(torch.int32).long()  # sign-extended
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 # EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].

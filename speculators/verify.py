@@ -247,64 +247,66 @@ def walk_tree(
     target_probs: torch.Tensor | None = None,
     coins: Coins | None = None,
 ) -> VerifyResult:
-    """The torch walk behind :func:`verify_tree` (and the Triton kernel's twin), vectorised over the batch: all
-    requests descend one depth per iteration, each scanning its current node's children in index order."""
+    """The torch twin of the Triton kernel behind :func:`verify_tree`: the same decisions from the same coins, with
+    static shapes and no host synchronisation (no loop over depths, no data-dependent shape).
+
+    A node's choice depends only on its own row and coin, so every node chooses at once: greedy, its first child
+    carrying the row's argmax; sampled, its first child c (sibling order) with p(c) > 0 and coin < the running sum
+    of its children's p up to c. A node is accepted iff it and each of its ancestors was its parent's choice; the
+    walk stops at the deepest accepted node, whose bonus is its argmax, or a draw from its row with the children it
+    rejected zeroed (inverse CDF with the node's final coin).
+    Example: tree r -> {a (1), b (2)}, a -> c (3); argmax per node [b, c, y, z]: the root chooses node 2, node 2
+    chooses nothing: accepted [0, 2], bonus y.
+    """
     batch, n = tree.tokens.shape
     device = tree.tokens.device
-    rows = torch.arange(batch, device=device)
-    valid = tree.valid()  # [B, N]
     slots = torch.arange(n, device=device)
+    tokens = tree.tokens.clamp(min=0)  # [B, N]
+    is_child = tree.valid()[:, None, :] & (tree.parents[:, None, :] == slots[None, :, None])  # [B, node, child]
     sampled = target_probs is not None
     if sampled:
         probs = target_probs.float()  # [B, N, V]
         vocab = probs.shape[-1]
-        rejected = torch.zeros((batch, vocab), dtype=torch.bool, device=device)  # children rejected at the stop
-        last_rejected = torch.full((batch,), -1, dtype=torch.long, device=device)  # the last one, in sibling order
+        same_parent = tree.parents[:, :, None] == tree.parents[:, None, :]  # [B, c, j]
+        repeat = (same_parent & (tokens[:, :, None] == tokens[:, None, :]) & (slots[None, :] < slots[:, None])).any(-1)
+        p = probs.gather(2, tokens[:, None, :].expand(batch, n, n))  # [B, node, child]: p(child's token | node)
+        p = torch.where(is_child & ~repeat[:, None, :], p, 0.0)  # a repeated token counts once, as the kernel
+        cum = p.cumsum(dim=-1)  # float32 in sibling (index) order: the kernel's running sum
+        hit = is_child & (p > 0) & (coins.uniform[:, :, None] < cum)
     else:
         argmax = target_logits.argmax(dim=-1)  # [B, N]: the first maximum, as the kernel
-    node = torch.zeros(batch, dtype=torch.long, device=device)  # [B] current node
-    active = torch.ones(batch, dtype=torch.bool, device=device)
-    num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
-    accepted = torch.full((batch, tree.max_depth + 1), NO_NODE, dtype=torch.long, device=device)
-    accepted[:, 0] = 0
-    output = torch.full((batch, tree.max_depth + 1), PAD_TOKEN_ID, dtype=torch.long, device=device)
-    for depth in range(1, tree.max_depth + 1):
-        children = valid & (tree.parents == node[:, None]) & active[:, None]  # [B, N] in sibling (index) order
-        if not bool(children.any()):
-            break
-        if sampled:
-            p = probs[rows[:, None], node[:, None], tree.tokens.clamp(min=0)]  # [B, N]: p(child token | node)
-            earlier = children[:, None, :] & (slots[None, None, :] < slots[None, :, None])  # [B, N, N]: j before i
-            repeat = (earlier & (tree.tokens[:, None, :] == tree.tokens[:, :, None])).any(dim=-1)  # [B, N]
-            p = torch.where(children & ~repeat, p, 0.0)
-            cum = p.cumsum(dim=-1)  # float32, sibling order: the kernel's running sum
-            coin = coins.uniform[rows, node]  # [B]
-            hit = children & (p > 0) & (coin[:, None] < cum)
-        else:
-            hit = children & (tree.tokens == argmax[rows, node][:, None])
-        found = hit.any(dim=-1)  # [B]
-        child = hit.int().argmax(dim=-1)  # the first accepted child
-        if sampled:  # where nothing was accepted, the children with p > 0 are zeroed for the bonus
-            zeroed = (active & ~found)[:, None] & children & (p > 0)  # [B, N]
-            rejected[rows[:, None].expand(-1, n)[zeroed], tree.tokens[zeroed]] = True
-            last = torch.where(zeroed, slots, -1).max(dim=-1).values  # [B]
-            last_rejected = torch.where(last >= 0, tree.tokens[rows, last.clamp(min=0)], last_rejected)
-        output[rows[found], depth - 1] = tree.tokens[rows[found], child[found]]
-        accepted[rows[found], depth] = child[found]
-        num_accepted += found.long()
-        node = torch.where(found, child, node)
-        active &= found
+        hit = is_child & (tokens[:, None, :] == argmax[:, :, None])
+    chosen = torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), NO_NODE)  # [B, N]: each node's choice
+    parent = tree.parents.clamp(min=0)
+    picked = (chosen.gather(1, parent) == slots) | (slots == 0)  # [B, N]: the root, or its parent's choice
+    picked &= tree.depths <= tree.max_depth  # the walk's depth limit (the kernel's num_spec_tokens)
+    on_path = ~(tree.ancestor_mask() & ~picked[:, None, :]).any(dim=-1)  # [B, N]: it and its ancestors picked
+    num_accepted = on_path.sum(dim=-1) - 1  # [B]
+    order = torch.where(on_path, tree.depths, n + slots).argsort(dim=-1)  # [B, N]: the path by depth, then the rest
+    stop = order.gather(1, num_accepted[:, None])  # [B, 1]: the deepest accepted node
     if sampled:
-        residual = probs[rows, node].masked_fill(rejected, 0.0)  # [B, V]
-        u = coins.final[rows, node] * residual.sum(dim=-1)  # [B]
+        row = probs.gather(1, stop[:, :, None].expand(batch, 1, vocab))[:, 0]  # [B, V]
+        zeroed = (is_child & (p > 0)).gather(1, stop[:, :, None].expand(batch, 1, n))[:, 0]  # [B, N]: rejected
+        rejected = torch.zeros((batch, vocab + 1), device=device).scatter_(1, torch.where(zeroed, tokens, vocab), 1.0)
+        residual = row.masked_fill(rejected[:, :vocab] > 0, 0.0)  # [B, V]
+        u = coins.final.gather(1, stop)[:, 0] * residual.sum(dim=-1)  # [B]
         cdf = residual.cumsum(dim=-1)
         ids = torch.arange(vocab, device=device)
         first = torch.where((cdf > u[:, None]) & (residual > 0), ids, vocab).min(dim=-1).values
         last_positive = torch.where(residual > 0, ids, -1).max(dim=-1).values  # rounding left u past the total
+        last_rejected = torch.where(zeroed, slots, -1).max(dim=-1).values  # [B]: the last rejected child
+        last_rejected = torch.where(last_rejected >= 0, tokens.gather(1, last_rejected.clamp(min=0)[:, None])[:, 0], -1)
         bonus = torch.where(first < vocab, first, last_positive)
         bonus = torch.where(bonus >= 0, bonus, last_rejected)  # all of p on rejected children (rounding), as the kernel
     else:
-        bonus = argmax[rows, node]
+        bonus = argmax.gather(1, stop)[:, 0]
+    width = tree.max_depth + 1
+    columns = torch.arange(width, device=device)
+    path = order[:, :width] if width <= n else torch.cat([order, order.new_full((batch, width - n), NO_NODE)], 1)
+    accepted = torch.where(columns <= num_accepted[:, None], path, NO_NODE)  # [B, D+1]
+    drafts = tree.tokens.gather(1, accepted[:, 1:].clamp(min=0))  # [B, D]: the accepted drafts, then junk
+    output = torch.cat([drafts, drafts.new_full((batch, 1), PAD_TOKEN_ID)], dim=1)  # [B, D+1]
+    output = torch.where(columns < num_accepted[:, None], output, PAD_TOKEN_ID)
     output.scatter_(1, num_accepted[:, None], bonus[:, None])
     return VerifyResult(accepted, num_accepted, bonus, output)
 

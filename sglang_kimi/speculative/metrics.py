@@ -200,12 +200,15 @@ draft_health = DraftHealth()
 
 
 def current_snapshot() -> dict | None:
+    from sglang_kimi.speculative.step_phases import step_clock
+
     draft_health.settle()
     if _stats is None and draft_health.steps == 0:
         return None
     snapshot = _stats.snapshot() if _stats is not None else {"steps": 0}
     snapshot["nonfinite_draft_positions"] = draft_health.positions
     snapshot["nonfinite_draft_steps"] = draft_health.steps
+    snapshot.update(step_clock.snapshot())  # DFLASH decode steps' host time (0 steps for other workers)
     return snapshot
 
 

@@ -142,6 +142,13 @@ ENTRIES: tuple[Entry, ...] = (
         "drafted / accepted tokens per draft position and the accept-length histogram (/server_info, Prometheus)",
     ),
     Entry(
+        "step-phases",
+        f"{_DFLASH_WORKER}.forward_batch_generation",
+        f"{_SPEC}.step_phases:install_step_phases",
+        "each DFLASH decode step's host time, and SGLang's chain step and target forward as named profiler ranges",
+        hooks=("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",),
+    ),
+    Entry(
         "moe-verify-configs",
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs",
         "sglang_kimi.kernels.moe_configs:install_moe_overrides",

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: E402
 from support.tree_attention import SCALE, random_trees, reference, verify_batch  # noqa: E402
 
-from sglang_kimi.speculative.workers.tree_verify_inputs import full_tree_mask, tree_mask_capacity  # noqa: E402
+from sglang_kimi.speculative.workers.tree_verify_inputs import tree_mask_capacity, write_tree_mask  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -63,12 +63,12 @@ class CapturedVerify:
         )  # fmt: skip
 
     def load(self, arrays: dict, ancestor: torch.Tensor, prefix_lens: list[int]):
-        """What a replay's preparation does: the step's inputs into the static buffers, its mask to the front."""
+        """What a replay's preparation does: the step's inputs into the static buffers, its tree blocks in place."""
         for name, value in arrays.items():
             self.static[name][: value.shape[0]].copy_(value)
         host_bound = torch.tensor(prefix_lens) + 2 * N  # the reserved lengths, an upper bound
         capacity = tree_mask_capacity(host_bound, N, CONTEXT_LEN)
-        self.mask[:capacity].copy_(full_tree_mask(ancestor, torch.tensor(prefix_lens, device=DEV), capacity))
+        write_tree_mask(self.mask[:capacity], ancestor, torch.tensor(prefix_lens, device=DEV))
 
     def replay(self, step: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         prefix_lens = STEPS[step]

@@ -293,18 +293,19 @@ else:
                     expected = dense(q.view(rows, H, -1)[row], runner, layer, r, visible)
                     assert torch.allclose(out[row], expected, atol=1e-5), (step, b, branch)
 
-    def test_full_mask_prefix_columns_are_honoured():
-        """A FULL_MASK that hides prefix columns is read as such (SGLang's GPU kernels read those columns too)."""
+    def test_full_mask_prefix_cells_are_not_read():
+        """A FULL_MASK's prefix cells are not read: every node sees the prefix, as SGLang's Triton verify kernels
+        take it (skip_prefix_custom_mask), so the DFLASH tree worker writes only the tree blocks."""
         from sglang_kimi.platform.cpu.attention_backend import read_verify_mask
 
         prefix, n = torch.tensor([3, 2]), 2
         blocks = [torch.ones(n, 3 + n, dtype=torch.bool), torch.ones(n, 2 + n, dtype=torch.bool)]
-        blocks[0][1, 0] = False
         blocks[1][0, 3] = False
         flat = torch.cat([b.reshape(-1) for b in blocks] + [torch.ones(7, dtype=torch.bool)])  # over-allocated
-        tree, prefix_masks = read_verify_mask(flat, prefix, n)
+        tree = read_verify_mask(flat, prefix, n)
+        blocks[0][:, :3] = torch.rand(n, 3) > 0.5  # whatever the prefix cells hold
+        assert torch.equal(read_verify_mask(torch.cat([b.reshape(-1) for b in blocks]), prefix, n), tree)
         assert torch.equal(tree[0], blocks[0][:, 3:]) and torch.equal(tree[1], blocks[1][:, 2:])
-        assert prefix_masks is not None and not bool(prefix_masks[0][1, 0]) and bool(prefix_masks[1].all())
 
     def test_rows_padded_by_attention_data_parallelism_get_a_causal_tree():
         """SGLang pads a verify batch to the DP ranks' common size after the mask was built: the real rows keep
@@ -313,11 +314,11 @@ else:
 
         n = 3
         trees = torch.rand(2, n, n) > 0.5  # two real requests, QLEN_ONLY layout
-        tree, prefix_masks = read_verify_mask(trees.reshape(-1), torch.tensor([5, 4, 1, 1]), n, real=2)
-        assert tree.shape == (4, n, n) and prefix_masks is None
+        tree = read_verify_mask(trees.reshape(-1), torch.tensor([5, 4, 1, 1]), n, real=2)
+        assert tree.shape == (4, n, n)
         assert torch.equal(tree[:2], trees) and torch.equal(tree[2], torch.ones(n, n, dtype=torch.bool).tril())
         block = torch.ones(n, 2 + n, dtype=torch.bool)
-        block[0, 1] = False  # FULL_MASK layout with a hidden prefix column
-        tree, prefix_masks = read_verify_mask(block.reshape(-1), torch.tensor([2, 1, 1]), n, real=1)
+        block[1, 3] = False  # FULL_MASK layout
+        tree = read_verify_mask(block.reshape(-1), torch.tensor([2, 1, 1]), n, real=1)
         assert tree.shape == (3, n, n) and torch.equal(tree[0], block[:, 2:])
-        assert len(prefix_masks) == 3 and not bool(prefix_masks[0][0, 1]) and bool(prefix_masks[2].all())
+        assert torch.equal(tree[2], torch.ones(n, n, dtype=torch.bool).tril())

@@ -145,8 +145,10 @@ def test_each_area_owns_its_table_entries_in_a_data_only_module():
     for entry in plugin.REGISTRATIONS:
         module = entry.install.partition(":")[0]
         area = plugin.AREA_OF[entry.name]
-        if area != "plugin" and module.startswith("sglang_kimi.") and not module.startswith(
-            ("sglang_kimi.kernels.", "sglang_kimi.speculators.")
+        if (
+            area != "plugin"
+            and module.startswith("sglang_kimi.")
+            and not module.startswith(("sglang_kimi.kernels.", "sglang_kimi.speculators."))
         ):
             assert module.startswith(f"sglang_kimi.{area}."), (entry.name, module)
 

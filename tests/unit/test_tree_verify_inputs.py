@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.speculative.workers.tree_verify_inputs import SGLANG_TOP_K_ALL, full_tree_mask, verify_probs
+from sglang_kimi.speculative.workers.tree_verify_inputs import SGLANG_TOP_K_ALL, verify_probs, write_tree_mask
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import process_logits
 
@@ -19,10 +19,12 @@ def test_full_mask_layout_per_request():
     tree = _tree([[-1, 0, 0, 1], [-1, 0, 1, 2]])
     prefix_lens = [2, 3]
     n = 4
-    flat = full_tree_mask(tree.ancestor_mask(), torch.tensor(prefix_lens), sum(n * (p + n) for p in prefix_lens))
+    flat = torch.full((sum(n * (p + n) for p in prefix_lens) + 5,), 7, dtype=torch.uint8)  # stale cells: 7
+    write_tree_mask(flat, tree.ancestor_mask(), torch.tensor(prefix_lens))
     first = flat[: n * (2 + n)].view(n, 2 + n)
-    second = flat[n * (2 + n) :].view(n, 3 + n)
-    assert first[:, :2].all() and second[:, :3].all()
+    second = flat[n * (2 + n) : n * (2 + n) + n * (3 + n)].view(n, 3 + n)
+    # only the tree blocks are written: the prefix cells and the tail keep what they held
+    assert (first[:, :2] == 7).all() and (second[:, :3] == 7).all() and (flat[-5:] == 7).all()
     assert torch.equal(first[:, 2:], tree.ancestor_mask()[0])
     assert torch.equal(second[:, 3:], tree.ancestor_mask()[1])
     # node 3 of request 0 sees root, node 1 and itself, not its uncle 2

@@ -11,8 +11,8 @@ import pytest
 from support.hub_cache import cache_snapshot
 
 from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.platform import capabilities
 from sglang_kimi.speculative import drafter_checks, validation
-from sglang_kimi.speculative.workers import sampled_verify
 
 
 def eagle_shape(steps, topk, tokens):
@@ -104,13 +104,13 @@ def test_relaxed_acceptance_is_refused_where_it_would_not_be_applied(caplog, mon
     for other in ("xpu", "npu"):  # no CUDA sampling kernel, and no FlashInfer to name
         with pytest.raises(SpeculativeConfigError, match=f"which --device {other} does not have: drop both"):
             validation._check_accept_thresholds(thresholds(0.5, 1.0, other), "EAGLE3", PLAIN)
-    monkeypatch.setattr(sampled_verify, "flashinfer_installed", lambda: True)
+    monkeypatch.setattr(capabilities, "flashinfer_installed", lambda: True)
     with caplog.at_level("WARNING", logger="sglang_kimi"):  # CUDA: SGLang's kernel applies them, not lossless
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "EAGLE3", PLAIN)
         validation._check_accept_thresholds(thresholds(0.5, 0.5), "DFLASH", PLAIN)
     assert sum("do not follow the target's distribution" in r.getMessage() for r in caplog.records) == 2
     # CUDA without FlashInfer: SGLang cannot build that kernel, the plugin verifies
-    monkeypatch.setattr(sampled_verify, "flashinfer_installed", lambda: False)
+    monkeypatch.setattr(capabilities, "flashinfer_installed", lambda: False)
     with pytest.raises(SpeculativeConfigError, match="FlashInfer is not installed.*install FlashInfer"):
         validation._check_accept_thresholds(thresholds(0.5, 1.0), "EAGLE3", PLAIN)
     monkeypatch.setattr(sglang.srt.utils, "is_hip", lambda: True)

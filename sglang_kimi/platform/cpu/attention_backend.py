@@ -69,12 +69,11 @@ class KeyGroup:
 @dataclass
 class VerifyLayout:
     """TARGET_VERIFY metadata: ``bs`` requests of ``num_tokens`` rows each after ``prefix_lens`` committed tokens;
-    ``tree_mask`` [bs, N, N] (None: causal chain) and ``prefix_mask`` [bs, N, max prefix] (None: all visible)."""
+    ``tree_mask`` [bs, N, N] (None: causal chain); every node sees the whole prefix."""
 
     prefix_lens: torch.Tensor  # [bs] long
     num_tokens: int
     tree_mask: Optional[torch.Tensor]
-    prefix_mask: Optional[list]
 
 
 class KimiCpuAttnBackend(AttentionBackend):
@@ -171,14 +170,14 @@ class KimiCpuAttnBackend(AttentionBackend):
             num_tokens = int(getattr(spec_info, "draft_token_num", 0) or spec_info.num_tokens_per_req)
         prefix_lens = forward_batch.seq_lens[:bs].to(torch.long)
         custom_mask = getattr(spec_info, "custom_mask", None) if spec_info is not None else None
-        tree_mask, prefix_mask = None, None
+        tree_mask = None
         if custom_mask is not None:
             # attention data parallelism pads the batch after the verify input was built: its drafts count the real
             # rows
             draft = getattr(spec_info, "draft_token", None)
             real = min(bs, draft.numel() // num_tokens) if draft is not None else bs
-            tree_mask, prefix_mask = read_verify_mask(custom_mask, prefix_lens, num_tokens, real=real)
-        return VerifyLayout(prefix_lens, num_tokens, tree_mask, prefix_mask)
+            tree_mask = read_verify_mask(custom_mask, prefix_lens, num_tokens, real=real)
+        return VerifyLayout(prefix_lens, num_tokens, tree_mask)
 
     # -- forward ----------------------------------------------------------------------------------------------
 
@@ -275,7 +274,7 @@ class KimiCpuAttnBackend(AttentionBackend):
             and dv == self.kv_lora_rank
             and k_cache.shape[-1] == dk
         )
-        if is_mla and layout.prefix_mask is None:
+        if is_mla:
             from sglang_kimi.kernels.tree_mla_attention import tree_mla_attention_ref
 
             out = tree_mla_attention_ref(
@@ -294,8 +293,6 @@ class KimiCpuAttnBackend(AttentionBackend):
         for b, p in enumerate(layout.prefix_lens.tolist()):
             visible = torch.ones(n, p + n, dtype=torch.bool, device=q.device)
             visible[:, p:] = tree[b]
-            if layout.prefix_mask is not None:
-                visible[:, :p] = layout.prefix_mask[b]
             out[b * n : (b + 1) * n] = attend(
                 q[b * n : (b + 1) * n],
                 k_cache[slots[b]],
@@ -382,33 +379,29 @@ def attend(
 
 
 def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: int, real: int | None = None):
-    """SGLang's verify mask as (tree [bs, N, N] bool, prefix masks or None), ``bs`` = the rows of ``prefix_lens``,
-    of which the first ``real`` (default all) have cells in the mask.
+    """SGLang's verify mask as the trees' masks (bool [bs, N, N]), ``bs`` = the rows of ``prefix_lens``, of which
+    the first ``real`` (default all) have cells in the mask.
 
     QLEN_ONLY (``eagle_utils.build_tree_kernel_efficient`` on CPU): exactly ``bs * N * N`` cells, request-major,
-    row = query node, column = key node; the prefix is visible to every node.
-    FULL_MASK (GPU layout; ``build_tree_kernel_efficient`` with ``TreeMaskMode.FULL_MASK``): request b's block
-    starts at ``N * sum(p_<b) + N * N * b`` and holds N rows of ``p_b + N`` cells (prefix columns, then the tree);
-    the buffer may be longer than the blocks (SGLang over-allocates it). Prefix columns are returned only when
-    some are masked.
+    row = query node, column = key node.
+    FULL_MASK (GPU layout; ``build_tree_kernel_efficient`` with ``TreeMaskMode.FULL_MASK``, the DFLASH tree worker):
+    request b's block starts at ``N * sum(p_<b) + N * N * b`` and holds N rows of ``p_b + N`` cells (prefix columns,
+    then the tree); the buffer may be longer than the blocks (SGLang over-allocates it). The prefix cells are not
+    read: every node sees the whole prefix, as SGLang's Triton verify kernels take it (``skip_prefix_custom_mask``),
+    so a writer need not fill them.
 
     Rows past ``real`` are the ones attention data parallelism pads a batch with (KV written to the reserved slot
-    0, outputs dropped): no cells in the mask, a causal tree, nothing masked.
+    0, outputs dropped): no cells in the mask, a causal tree.
     """
     lens = prefix_lens.tolist()
     real = len(lens) if real is None else real
     flat = custom_mask.reshape(-1).to(torch.bool)
     causal = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril()  # [N, N]
     if flat.numel() == real * n * n:
-        return torch.cat([flat.view(real, n, n), causal.expand(len(lens) - real, n, n)]), None
-    trees, prefixes, offset, any_prefix_masked = [], [], 0, False
+        return torch.cat([flat.view(real, n, n), causal.expand(len(lens) - real, n, n)])
+    trees, offset = [], 0
     for p in lens[:real]:
-        block = flat[offset : offset + n * (p + n)].view(n, p + n)
-        trees.append(block[:, p:])
-        prefixes.append(block[:, :p])
-        any_prefix_masked = any_prefix_masked or not bool(block[:, :p].all())
+        trees.append(flat[offset : offset + n * (p + n)].view(n, p + n)[:, p:])
         offset += n * (p + n)
-    for p in lens[real:]:
-        trees.append(causal)
-        prefixes.append(torch.ones(n, p, dtype=torch.bool, device=flat.device))
-    return torch.stack(trees), (prefixes if any_prefix_masked else None)
+    trees += [causal] * (len(lens) - real)
+    return torch.stack(trees)

@@ -51,30 +51,25 @@ except ImportError:
     SpeculativeSamplingMaskCapture = None
 
 from sglang_kimi.options import debug_greedy_verify, plugin_args
+from sglang_kimi.speculative.metrics import draft_health
 from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
 from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
 from sglang_kimi.speculative.workers.tree_verify_inputs import (
-    full_tree_mask,
     tree_mask_capacity,
     verify_coins,
     verify_probs,
+    write_tree_mask,
 )
-from sglang_kimi.speculators.ddtree import (
-    build_ddtree_ranked,
-    merge_shard_candidates,
-    rank_draft_logits,
-    shard_candidates,
-)
+from sglang_kimi.speculators.ddtree import merge_shard_candidates, shard_candidates
+from sglang_kimi.speculators.tree_step import commit_layout, rank_draft_hidden, tree_from_ranked
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import verify_tree
-from sglang_kimi.speculators.window import gather_rows, pad_tree, path_first_order
+from sglang_kimi.speculators.window import gather_rows
 
 logger = logging.getLogger(__name__)
-
-OUT_TOKEN_PAD = 0  # SGLang reads only the first accept_len entries of a row; 0 keeps log-prob gathers in range
 
 
 def _attn_dp_enabled(parallel) -> bool:
@@ -140,6 +135,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             self.num_verify_tokens,
         )
         self.adaptive = None
+        self._mask_buffer: torch.Tensor | None = None  # the tree mask's buffer when the target backend has none
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
         mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
 
@@ -210,36 +206,33 @@ class DFlashTreeWorker(DFlashWorkerV2):
         verify_slots = window_slots[:, :window].contiguous()  # [bs, w+1]
         kv_loc_plan = self._plan(batch, seq_lens_cpu, verify_slots)
 
-        # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head.
+        # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head, and the
+        # tree (or chain) padded to the window, with its positions and ancestor mask.
         root = draft_input.bonus_tokens.view(-1).long()  # [bs]
         if width == 0:
             tree = build_chain(root, root.new_empty((bs, 0)))
+            positions, ancestor = tree.positions(prefix_lens.long()), tree.ancestor_mask()
         else:
             # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
             draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
-            tree = self._draft_tree(batch, root, prefix_lens, seq_lens_cpu, draft_plan, width, phases)
+            tree, positions, ancestor = self._draft_tree(
+                batch, root, prefix_lens, seq_lens_cpu, draft_plan, width, phases
+            )
 
-        # 2) The tree (or chain), padded to the window.
+        # 2) The verify's inputs: the tree's tokens and positions, its mask's blocks written in place.
         phases.enter("verify_prepare")
-        tree = pad_tree(tree, window)
         grammar_tree = (
             GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
             if batch.has_grammar
             else None
         )
-
-        # 3) Target verify over the tree.
-        positions = tree.positions(prefix_lens.long()).reshape(-1)  # [bs*N]
+        # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
+        capacity = tree_mask_capacity(seq_lens_cpu[:bs], window, target_runner.model_config.context_len)
         verify_input = DFlashVerifyInput(
             draft_token=tree.tokens.reshape(-1),
-            positions=positions,
+            positions=positions.reshape(-1),  # [bs*N]
             draft_token_num=window,
-            # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
-            custom_mask=full_tree_mask(
-                tree.ancestor_mask(),
-                prefix_lens,
-                tree_mask_capacity(seq_lens_cpu[:bs], window, target_runner.model_config.context_len),
-            ),
+            custom_mask=self._tree_mask(ancestor, prefix_lens, capacity),
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=kv_loc_plan,
         )
@@ -250,6 +243,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+
+        # 3) Target verify over the tree.
         phases.enter("target_forward")
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
@@ -273,28 +268,25 @@ class DFlashTreeWorker(DFlashWorkerV2):
             ).apply(logits)
         apply_processors(logits, sampling_info, tree)  # custom logit processors last, each node seeing its own path
 
-        # 4) Verify and commit.
+        # 4) Verify and commit (``speculators.tree_step``: static shapes, nothing read on the host).
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
             result = verify_tree(tree, target_logits=logits.view(bs, window, -1))
         else:
             probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
             coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
             result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins))
-        commit_lens = (result.num_accepted + 1).to(torch.int32)  # [bs]
-        order = path_first_order(result.accepted_nodes, window)  # [bs, N]
-        committed_slots = verify_slots.gather(1, order)  # [bs, w+1]
-        columns = prefix_lens.long()[:, None] + torch.arange(window, device=self.device)  # [bs, N]
+        draft_rows = self._draft_write_ids(kv_loc_plan).view(bs, window)  # [bs, N]: the drafter's KV rows
+        out_tokens, commit_lens, bonus, order, committed_slots, columns, draft_rows, new_seq_lens = commit_layout(
+            result, verify_slots, draft_rows, prefix_lens
+        )
         req_to_token[batch.req_pool_indices.long()[:, None], columns] = committed_slots.to(req_to_token.dtype)
+        wants_masks = getattr(sampling_info, "sampling_mask_batch_indices", None) is not None
+        if batch.return_logprob or wants_masks:  # they read the committed rows: the full-vocabulary copy only then
+            logits_output.next_token_logits = gather_rows(logits, order)  # [bs*N, V], row j: out_tokens[:, j]'s law
+            self._capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window)
+            if batch.return_logprob:
+                compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
 
-        out_tokens = torch.full((bs, window), OUT_TOKEN_PAD, dtype=torch.int64, device=self.device)
-        emitted = result.output_tokens.shape[1]
-        out_tokens[:, :emitted] = torch.where(result.output_tokens >= 0, result.output_tokens, OUT_TOKEN_PAD)
-        logits_output.next_token_logits = gather_rows(logits, order)  # [bs*N, V], row j: out_tokens[:, j]'s law
-        self._capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window)
-        if batch.return_logprob:
-            compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
-
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
 
@@ -303,11 +295,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH tree verify requires target hidden states, but got None.")
-        draft_slots = self._draft_write_ids(kv_loc_plan).view(bs, window).gather(1, order)  # [bs, N]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=gather_rows(hidden, order),
-            cache_loc=draft_slots.reshape(-1),
-            cache_loc_2d=draft_slots,
+            cache_loc=draft_rows.reshape(-1),
+            cache_loc_2d=draft_rows,
             positions=columns.reshape(-1),
             commit_lens=commit_lens,
         )
@@ -320,12 +311,26 @@ class DFlashTreeWorker(DFlashWorkerV2):
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
             can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=result.bonus, new_seq_lens=new_seq_lens),
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=window,
             new_seq_lens=new_seq_lens,
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _tree_mask(self, ancestor: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
+        """The step's FULL_MASK: its tree blocks written in place (``write_tree_mask``) into a buffer kept across
+        steps, the target backend's verify-mask buffer when CUDA graphs made one (a graph replay's copy of the mask
+        into that buffer is then a copy onto itself, which torch skips). No clearing, no copy of the buffer."""
+        backend_mask = getattr(self.target_worker.model_runner.attn_backend, "verify_mask", None)
+        buffer = getattr(backend_mask, "buffer", None)
+        if buffer is None or buffer.numel() < capacity:
+            if self._mask_buffer is None or self._mask_buffer.numel() < capacity:
+                self._mask_buffer = torch.empty(2 * capacity, dtype=torch.bool, device=self.device)  # grows rarely
+            buffer = self._mask_buffer
+        mask = buffer[:capacity]
+        write_tree_mask(mask, ancestor, prefix_lens)
+        return mask
 
     @staticmethod
     def _capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window: int):
@@ -348,24 +353,23 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
     def _draft_tree(
         self, batch, root, prefix_lens, seq_lens_cpu, draft_plan, width: int, phases: StepPhases | None = None
-    ) -> DraftTree:
-        """The step's draft of width >= 1: the drafter's block, ranked by the target's LM head, as a chain of the
-        argmax drafts (chain mode) or a DDTree of ``width`` nodes."""
+    ) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
+        """The step's draft of width >= 1 (``speculators.tree_step``): the drafter's block, ranked by the target's LM
+        head, as a chain of the argmax drafts (chain mode) or a DDTree of ``width`` nodes, padded to the window.
+        Returns (tree, positions [bs, N], ancestor mask [bs, N, N])."""
         phases = phases or NO_PHASES
-        bs, block = root.shape[0], self.block_size
         phases.enter("draft_forward")
         draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
         phases.enter("draft_rank")
-        depth = min(width, block - 1)  # draft positions the step can use
-        k = 1 if self.tree_budget is None else width
-        ranked_lp, ranked_ids = self._ranked_draft_logprobs(draft_hidden[:, 1 : depth + 1].reshape(bs * depth, -1), k)
-        ranked_lp = ranked_lp.view(bs, depth, -1)  # [bs, depth, K]
-        ranked_ids = ranked_ids.view(bs, depth, -1)
-        ranked_lp = self._blind_nonfinite_drafts(ranked_lp)
+        is_tree = self.tree_budget is not None
+        hidden = draft_hidden[:, 1 : min(width, self.block_size - 1) + 1]  # [bs, D, H]: the draft positions
+        ranked_lp, ranked_ids = self._ranked_draft_logprobs(hidden, width if is_tree else 1)  # [bs, D, K]
         phases.enter("tree_build")
-        if self.tree_budget is None:
-            return build_chain(root, ranked_ids[:, :, 0])  # the chain of argmax drafts
-        return self._build_tree(root, ranked_lp, ranked_ids, width)
+        tree, positions, ancestor, nonfinite = tree_from_ranked(
+            root, ranked_lp, ranked_ids, prefix_lens, width=width, tree=is_tree, use_kernel=self._use_triton_ddtree
+        )
+        draft_health.add(nonfinite)  # NaN / +inf drafts: ranked last, counted on the device, logged once
+        return tree, positions, ancestor
 
     def _plan(self, batch, seq_lens_cpu, slots: torch.Tensor):
         """The KV plan of a forward writing ``slots`` [bs, n] from the committed prefix on."""
@@ -416,9 +420,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
         return hidden.view(bs, block, -1)
 
     def _ranked_draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's best min(k, V) tokens under the target's LM head: (log-probs [n, K] float32 over
-        the full vocabulary, token ids [n, K]), ranked by log-prob then id. Tensor-parallel: every rank ranks its
-        shard; candidates and log-sum-exps are gathered, so all ranks build the same tree."""
+        """Each draft position's best min(k, V) tokens under the target's LM head: hidden [bs, D, H] -> (log-probs
+        [bs, D, K] float32 over the full vocabulary, token ids [bs, D, K]), ranked by log-prob then id.
+        Tensor-parallel: every rank ranks its shard; candidates and log-sum-exps are gathered, so all ranks build the
+        same tree."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         weight = lm_head.weight  # [local vocab (padded), H]
         vocab = int(self.model_runner.model_config.vocab_size)
@@ -426,30 +431,16 @@ class DFlashTreeWorker(DFlashWorkerV2):
         tp_size = int(get_parallel().tp_group.world_size) if shard is not None else 1
         local_start = int(shard.org_vocab_start_index) if shard is not None else 0
         local_size = int(shard.num_org_elements) if shard is not None else vocab
-        with _draft_tp_scope(self):
-            logits = torch.matmul(hidden.to(weight.dtype), weight[:local_size].T).float()  # [n, V_local]
         k = min(k, vocab)
         if tp_size == 1:
-            return rank_draft_logits(logits, k)
+            with _draft_tp_scope(self):
+                return rank_draft_hidden(hidden, weight[:local_size], k)
+        bs, depth = hidden.shape[:2]
+        with _draft_tp_scope(self):
+            logits = torch.matmul(hidden.reshape(bs * depth, -1).to(weight.dtype), weight[:local_size].T).float()
         values, ids, lse = shard_candidates(logits, k, local_start)  # [n, K], [n, K], [n, 1]
         values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
         ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
         lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
-        return merge_shard_candidates(values, ids, lse, k)
-
-    def _blind_nonfinite_drafts(self, ranked_lp: torch.Tensor) -> torch.Tensor:
-        """NaN or +inf log-probs (a corrupted drafter) become -inf: those positions' candidates rank last and the
-        tree stays well formed (verification is lossless whatever is drafted); counted on the device, logged once
-        (``metrics.DraftHealth``). Nothing here waits for the device."""
-        from sglang_kimi.speculative.metrics import draft_health
-
-        bad = torch.isnan(ranked_lp) | (ranked_lp == float("inf"))  # [bs, B-1, K]
-        draft_health.add(bad)
-        return ranked_lp.masked_fill(bad, float("-inf"))
-
-    def _build_tree(self, root, ranked_lp, ranked_ids, budget: int) -> DraftTree:
-        if self._use_triton_ddtree:
-            from sglang_kimi.kernels.ddtree_build import ddtree_build
-
-            return ddtree_build(root, ranked_lp, ranked_ids, budget)
-        return build_ddtree_ranked(root, ranked_lp, ranked_ids, budget)
+        ranked_lp, ranked_ids = merge_shard_candidates(values, ids, lse, k)
+        return ranked_lp.view(bs, depth, -1), ranked_ids.view(bs, depth, -1)

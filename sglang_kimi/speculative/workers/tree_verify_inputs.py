@@ -19,19 +19,21 @@ from sglang_kimi.speculators.verify import TOP_K_ALL, Coins, process_logits, ran
 SGLANG_TOP_K_ALL = 1 << 30
 
 
-def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
-    """SGLang's FULL_MASK custom attention mask for a tree verify, flattened, built on the device.
+def write_tree_mask(buffer: torch.Tensor, ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+    """A tree verify's attention mask, written in place into ``buffer`` in SGLang's FULL_MASK layout: only each
+    request's N x N tree block.
 
     ancestor_mask bool [B, N, N] (node i sees node j iff j is i or an ancestor of i); prefix_lens [B]: the committed
     length of each request, the same tensor as the verify batch's ``seq_lens`` (SGLang's attention backends lay the
-    mask out from it: request b's rows start at ``N * sum(prefix_lens[:b] + N)``); capacity: the buffer's length, at
-    least ``N * sum(prefix_lens + N)``, from a host upper bound of the lengths. Under SGLang's overlap scheduler the
-    host does not know the exact lengths (backends such as ``triton`` opt out of the host copy), so the layout comes
-    from the device tensor and no step waits for the device. Per request, N query rows of ``prefix + N`` key
-    columns, row-major: every prefix key is visible, tree keys by the ancestor mask (True = attend). Values past
-    the last request's rows are never read.
+    mask out from it: request b's N rows of ``prefix + N`` cells start at ``N * sum(prefix_lens[:b] + N)``, the
+    prefix's cells first); buffer: at least ``N * sum(prefix_lens + N)`` cells (:func:`tree_mask_capacity`), bool or
+    uint8. Every prefix key is visible to every node, and the kernels that read this layout take them so without
+    reading their cells (SGLang's Triton verify kernels: ``skip_prefix_custom_mask``; the ``kimi_cpu`` backend):
+    the prefix cells and everything past the last request's rows are neither written nor read, so the buffer is
+    never cleared or copied whole. Under SGLang's overlap scheduler the host does not know the exact lengths, so
+    the layout comes from the device tensor and nothing here waits for the device.
 
-    Example: one request, prefix 2, tree root -> a: rows [[1, 1, 1, 0], [1, 1, 1, 1]] -> 8 values.
+    Example: one request, prefix 2, tree root -> a: cells 2, 3 of row 0 and 6, 7 of row 1 get [1, 0], [1, 1].
     """
     batch, n, _ = ancestor_mask.shape
     device = ancestor_mask.device
@@ -39,10 +41,8 @@ def full_tree_mask(ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, capac
     row_len = prefix + n  # [B]
     starts = torch.cumsum(n * row_len, 0) - n * row_len  # [B]: each request's first row
     rows = torch.arange(n, device=device)
-    tree_cols = (starts + prefix)[:, None, None] + rows[None, :, None] * row_len[:, None, None] + rows  # [B, N, N]
-    mask = torch.ones(capacity, dtype=torch.bool, device=device)
-    mask[tree_cols.reshape(-1)] = ancestor_mask.reshape(-1)
-    return mask
+    tree_cells = (starts + prefix)[:, None, None] + rows[None, :, None] * row_len[:, None, None] + rows  # [B, N, N]
+    buffer[tree_cells.reshape(-1)] = ancestor_mask.reshape(-1).to(buffer.dtype)
 
 
 def tree_mask_capacity(host_lens: torch.Tensor, window: int, context_len: int) -> int:

@@ -1,0 +1,131 @@
+"""A DDTree step on each side of the target forward, as two static-shape functions.
+
+- :func:`draft_side`: the drafter's hidden states at the block's draft positions -> the target's LM head -> each
+  position's best K tokens (:mod:`.ddtree`'s ranking) -> the DDTree of ``width`` nodes, or the chain of argmax drafts
+  -> padded to the verify window of N = width + 1 slots, with each node's position and the tree's ancestor mask.
+- :func:`verify_side`: the target's rows at the N nodes (logits for greedy, probabilities and coins for sampling)
+  -> tree verification (:func:`.verify.verify_tree`) -> the committed tokens (accepted drafts, then the bonus), the
+  path-first order of the window (:func:`.window.path_first_order`), and the slots, columns and draft-KV rows the
+  commit writes.
+
+Every output's shape is fixed by (batch, width, block), nothing reads the device on the host, and no shape depends
+on data: a CUDA graph per (batch bucket, width) can hold each side, and SGLang's overlap scheduler can run the host
+a step ahead. ``tests/unit/test_tree_step.py`` proves it on CPU with ``torch.compile(fullgraph=True,
+dynamic=False)`` and ``torch.export(strict=True)`` at several batch sizes and widths. Under tensor parallelism the
+ranking is :func:`.ddtree.shard_candidates`, an all-gather and :func:`.ddtree.merge_shard_candidates`, then
+:func:`tree_from_ranked`, the rest of :func:`draft_side`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ddtree import build_ddtree_ranked, rank_draft_logits
+from .trees import DraftTree, build_chain
+from .verify import Coins, VerifyResult, verify_tree
+from .window import pad_tree, path_first_order
+
+OUT_TOKEN_PAD = 0  # past a request's commit: SGLang reads only its first commit_len tokens; 0 keeps gathers in range
+
+
+def draft_side(
+    draft_hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    root: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    width: int,
+    tree: bool,
+    use_kernel: bool = False,
+) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One request batch's draft, from the drafter's hidden states to the verify window.
+
+    draft_hidden [B, D, H]: the block's draft positions 1..D (D >= 1 used: min(width, D)); lm_head [V, H]: the
+    target's LM head; root [B]: the last committed token; prefix_lens [B]: the committed lengths. ``tree``: a DDTree
+    of ``width`` nodes, else the chain of the block's argmax drafts. ``use_kernel``: the Triton DDTree build (GPU).
+    Returns (the tree padded to N = width + 1 slots, positions [B, N], ancestor mask [B, N, N] bool, nonfinite
+    [B, D', K] bool: the drafts whose log-prob was NaN or +inf, ranked last).
+    """
+    ranked_lp, ranked_ids = rank_draft_hidden(draft_hidden[:, :width], lm_head, width if tree else 1)
+    return tree_from_ranked(root, ranked_lp, ranked_ids, prefix_lens, width=width, tree=tree, use_kernel=use_kernel)
+
+
+def rank_draft_hidden(draft_hidden: torch.Tensor, lm_head: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each draft position's best ``k`` tokens under the LM head: draft_hidden [..., H], lm_head [V, H] ->
+    (log-probs [..., k] float32 over the whole vocabulary, ids [..., k]), ranked by log-prob then id."""
+    logits = torch.matmul(draft_hidden.to(lm_head.dtype), lm_head.T).float()  # [..., V]
+    return rank_draft_logits(logits, k)
+
+
+def tree_from_ranked(
+    root: torch.Tensor,
+    ranked_lp: torch.Tensor,
+    ranked_ids: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    width: int,
+    tree: bool,
+    use_kernel: bool = False,
+) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`draft_side` from each position's ranked candidates (ranked_lp, ranked_ids [B, D', K])."""
+    nonfinite = ranked_lp.isnan() | (ranked_lp == float("inf"))  # a corrupted drafter: costs acceptance only
+    ranked_lp = ranked_lp.masked_fill(nonfinite, float("-inf"))
+    if not tree:
+        drafted = build_chain(root, ranked_ids[:, :, 0])
+    elif use_kernel:
+        from ..kernels.ddtree_build import ddtree_build
+
+        drafted = ddtree_build(root, ranked_lp, ranked_ids, width)
+    else:
+        drafted = build_ddtree_ranked(root, ranked_lp, ranked_ids, width)
+    drafted = pad_tree(drafted, width + 1)
+    return drafted, drafted.positions(prefix_lens.long()), drafted.ancestor_mask(), nonfinite
+
+
+def verify_side(
+    tree: DraftTree,
+    verify_slots: torch.Tensor,
+    draft_rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    target_logits: torch.Tensor | None = None,
+    target_probs: torch.Tensor | None = None,
+    coins: Coins | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Verify the window (greedy from target_logits [B, N, V], or sampled from target_probs [B, N, V] with coins)
+    and lay out its commit (:func:`commit_layout`)."""
+    result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+    return commit_layout(result, verify_slots, draft_rows, prefix_lens)
+
+
+def commit_layout(
+    result: VerifyResult, verify_slots: torch.Tensor, draft_rows: torch.Tensor, prefix_lens: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """What a verified window commits, as a chain of ``accepted + 1`` tokens.
+
+    result: the verification of B trees of N slots; verify_slots [B, N]: the KV slots the verify wrote (node i in
+    column i); draft_rows [B, N]: the drafter's KV rows of the same columns; prefix_lens [B].
+    Returns (out_tokens [B, N] int64: the committed tokens, then OUT_TOKEN_PAD; commit_lens [B] int32: accepted + 1;
+    bonus [B]; order [B, N]: the path-first permutation of the window; committed_slots [B, N]: verify_slots in that
+    order, for req_to_token's columns; columns [B, N]: prefix + 0..N-1; draft_rows in that order [B, N]; new_seq_lens
+    [B]). Example: N = 3, path [0, 2], bonus y: out_tokens [t2, y, 0], commit_lens [2], order [0, 2, 1].
+    """
+    batch, n = verify_slots.shape
+    commit_lens = (result.num_accepted + 1).to(torch.int32)  # [B]
+    order = path_first_order(result.accepted_nodes, n)  # [B, N]
+    emitted = result.output_tokens[:, :n]  # [B, min(D+1, N)]
+    out_tokens = torch.where(emitted >= 0, emitted, OUT_TOKEN_PAD)
+    if out_tokens.shape[1] < n:
+        out_tokens = torch.cat([out_tokens, out_tokens.new_full((batch, n - out_tokens.shape[1]), OUT_TOKEN_PAD)], 1)
+    columns = prefix_lens.long()[:, None] + torch.arange(n, device=prefix_lens.device)  # [B, N]
+    new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+    return (
+        out_tokens,
+        commit_lens,
+        result.bonus,
+        order,
+        verify_slots.gather(1, order),
+        columns,
+        draft_rows.gather(1, order),
+        new_seq_lens,
+    )
