@@ -20,6 +20,7 @@ from sglang_kimi.speculative import acceptance_rates
 
 SPEC_LISTS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
 SPEC_COUNTS = ("steps", "nonfinite_draft_positions", "nonfinite_draft_steps")
+STEP_TIMES = ("host_ms_per_step", "host_ms_per_step_outside_target_forward")
 
 
 def reports(server_info: dict) -> list[dict]:
@@ -64,6 +65,11 @@ def merge_spec_metrics(parts: list[dict]) -> dict:
     for key in SPEC_COUNTS:
         if any(key in p for p in parts):
             out[key] = sum(int(p.get(key) or 0) for p in parts)
+    steps = [int(p.get("decode_steps") or 0) for p in parts]
+    if sum(steps):  # the DFLASH step clock (step_phases.StepClock): host times weighted by each rank's steps
+        out["decode_steps"] = sum(steps)
+        for key in STEP_TIMES:
+            out[key] = sum(n * float(p.get(key) or 0.0) for n, p in zip(steps, parts)) / sum(steps)
     depths = [p["max_depth"] for p in parts if p.get("max_depth") is not None]
     if depths:
         out["max_depth"] = max(depths)

@@ -14,6 +14,10 @@ its draft forward and its draft-KV bookkeeping, and replaces the decode step:
    (its KV was written at the final positions already), so the rest of SGLang, the drafter's KV append included,
    sees a chain of ``accepted + 1`` committed tokens.
 
+The ranking, the tree and the commit are ``speculators.tree_step``'s static-shape functions: nothing in the step
+outside SGLang's own calls reads the device on the host (``docs/ddtree.md``, "The step without host
+synchronisation"); the tree mask's blocks are written in place (``tree_verify_inputs.write_tree_mask``).
+
 With CUDA graphs the verify of the full window replays SGLang's target graph, captured with the tree mask
 (``tree_verify_graphs.py``); narrower windows and larger batches run eager, and so does the drafter.
 

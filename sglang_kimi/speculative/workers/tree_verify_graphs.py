@@ -9,10 +9,10 @@ non-speculative server's.
 
 When the tree worker serves the process, :func:`_mask_policy` makes the capture take SGLang's FULL_MASK custom
 mask instead, as SGLang does for EAGLE trees on those backends: the graph's kernel reads the mask from the
-backend's verify-mask buffer, and each replay copies the step's tree mask (``tree_verify_inputs.full_tree_mask``) into
-it,
-laid out by the same ``mask_indptr`` as an eager verify. SGLang's own DFLASH chains keep their causal capture.
-:func:`check_target_graphs` refuses to serve when the target captured graphs and the policy did not apply.
+backend's verify-mask buffer, into which the worker writes the step's tree blocks in place
+(``tree_verify_inputs.write_tree_mask``), laid out by the same ``mask_indptr`` as an eager verify. SGLang's own
+DFLASH chains keep their causal capture. :func:`check_target_graphs` refuses to serve when the target captured
+graphs and the policy did not apply.
 """
 
 from __future__ import annotations

@@ -1,0 +1,323 @@
+#!/usr/bin/env python
+"""What a DFLASH tree step costs the host against SGLang's own DFLASH chain step, on real SGLang servers (CPU, the
+embedded tiny Kimi and its DFlash drafter).
+
+    python bench/bench_step_launches.py                  # chain and trees of budget 8, 16, 32; concurrency 1 and 8
+    python bench/bench_step_launches.py --budgets 8 --concurrency 1 --repeats 1   # a quick look
+
+For every configuration and concurrency level, with the servers side by side (idle ones sleep):
+- **operators and host synchronisations per step** outside the target forward, per phase: SGLang's torch profiler
+  (``/start_profile``, CPU activity) over ``--profile-steps`` decode steps; an operator is a top-level ``aten::`` call
+  of the step's thread (one dispatch from Python: on a GPU, roughly a kernel launch), a synchronisation an operator
+  that reads the device on the host or gives a shape that depends on data (``aten::_local_scalar_dense``: ``.item()``
+  and ``bool()``, ``aten::nonzero``, boolean indexing, ``unique``). The step is the ``sglang_kimi.step`` range and the
+  target forward the ``sglang_kimi.target_forward`` range (``sglang_kimi/speculative/step_phases.py``, for SGLang's
+  chain worker and the plugin's tree worker alike); the tree worker's own phases split the rest.
+- **host time per step**, without a profiler: the servers' step clock (``/server_info``'s ``spec_metrics``:
+  ``host_ms_per_step``, the whole decode step on this CPU, and the part outside the target forward) over one pass of
+  ``concurrency`` streaming requests of ``--max-new-tokens``, repeated ``--repeats`` times with the configurations
+  interleaved; medians of the repeats, with tokens/s and tau.
+
+Prints a table with every ratio against the chain at the same concurrency, writes
+``bench/results/bench_step_launches.json`` and ``bench_step_launches.png``, and reports the targets (never tuned
+for): host synchronisations per tree step outside the target forward 0 on the greedy path; operators per tree step
+outside the target forward <= 1.3x the chain's at budgets 8 and 16; tree step time at budget 8 <= 1.15x the chain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO / "scripts"))
+
+import requests  # noqa: E402
+
+PREFIX = "sglang_kimi."
+STEP, TARGET = PREFIX + "step", PREFIX + "target_forward"
+# operators that read the device on the host, or whose output shape depends on data
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim",
+            "aten::unique_consecutive", "aten::_unique"}  # fmt: skip
+SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "16384"]
+
+
+def configurations(budgets: list[int]) -> dict[str, list[str]]:
+    from sglang_kimi.cli.server import TINY_DFLASH
+
+    dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
+    configs = {"dflash-chain": dflash}
+    for budget in budgets:
+        configs[f"dflash-tree-{budget}"] = [*dflash, "--speculative-dflash-tree-budget", str(budget)]
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trace: operators and synchronisations per step, per phase
+
+
+def step_operators(events: list[dict]) -> dict:
+    """Per decode step (the ``sglang_kimi.step`` ranges of a trace's events): top-level operators and
+    synchronisations outside the target forward, per phase (the step's own phases; ``other`` for what no phase
+    holds), averaged over the steps."""
+    spans = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    steps = [e for e in spans if e.get("name") == STEP]
+    if not steps:
+        return {"steps": 0}
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    per_phase: dict[str, float] = {}
+    syncs_per_phase: dict[str, float] = {}
+    for step in steps:
+        key, start, end = (step.get("pid"), step.get("tid")), step["ts"], step["ts"] + step.get("dur", 0)
+        inside = [e for e in spans if (e.get("pid"), e.get("tid")) == key and start <= e["ts"] <= end]
+        targets = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in inside if e["name"] == TARGET]
+        phases = sorted(
+            ((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len(PREFIX) :]) for e in inside
+             if e["name"] not in (STEP, TARGET)),
+        )  # fmt: skip
+        starts = [p[0] for p in phases]
+        thread = sorted(
+            (e for e in ops if (e.get("pid"), e.get("tid")) == key and start <= e["ts"] <= end), key=lambda e: e["ts"]
+        )
+        open_until = -1.0  # the end of the top-level operator containing the events that follow
+        for e in thread:
+            ts = e["ts"]
+            if any(a <= ts <= b for a, b in targets):
+                continue
+            i = bisect.bisect_right(starts, ts) - 1
+            phase = phases[i][2] if i >= 0 and ts <= phases[i][1] else "other"
+            if e["name"] in SYNC_OPS:
+                syncs_per_phase[phase] = syncs_per_phase.get(phase, 0) + 1
+            if ts >= open_until:  # a top-level operator
+                per_phase[phase] = per_phase.get(phase, 0) + 1
+                open_until = ts + e.get("dur", 0)
+    n = len(steps)
+    return {
+        "steps": n,
+        "operators_per_step": sum(per_phase.values()) / n,
+        "syncs_per_step": sum(syncs_per_phase.values()) / n,
+        "operators_per_phase": {k: round(v / n, 2) for k, v in sorted(per_phase.items())},
+        "syncs_per_phase": {k: round(v / n, 2) for k, v in sorted(syncs_per_phase.items())},
+    }
+
+
+def profile_level(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int) -> dict:
+    check = _gpu_serve_check()
+    result = check.profile(base_url, prompts, folder, steps, concurrency, check.PROFILE_MAX_NEW_TOKENS)
+    return step_operators(check.trace_events(folder / result["trace"]))
+
+
+def _gpu_serve_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_serve_check", REPO / "scripts" / "gpu_serve_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host time per step, without a profiler
+
+
+def spec_metrics(base_url: str) -> dict:
+    from sglang_kimi.cli.server import fetch_plugin_state
+
+    return fetch_plugin_state(base_url).get("spec_metrics") or {}
+
+
+def timed_level(base_url: str, prompts: list[str], concurrency: int, max_new_tokens: int) -> dict:
+    """One pass of ``concurrency`` greedy requests; the step clock's and the acceptance counters' change."""
+    before = spec_metrics(base_url)
+    body = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+
+    def one(i: int) -> int:
+        r = requests.post(base_url + "/generate", json={"text": prompts[i % len(prompts)], **body}, timeout=900)
+        r.raise_for_status()
+        return r.json()["meta_info"]["completion_tokens"]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(one, range(concurrency)))
+    seconds = time.perf_counter() - started
+    after = spec_metrics(base_url)
+    steps = after.get("decode_steps", 0) - before.get("decode_steps", 0)
+    if steps <= 0:
+        raise RuntimeError(f"{base_url}: no DFLASH decode step was timed (the step clock did not advance)")
+
+    def per_step(key: str) -> float:  # the mean over this pass's steps, from the running means before and after
+        total = after[key] * after["decode_steps"] - before.get(key, 0.0) * before.get("decode_steps", 0)
+        return total / steps
+
+    hist = [a - b for a, b in zip(after.get("accept_length_histogram", []), before.get("accept_length_histogram", []))]
+    request_steps = sum(hist)
+    tau = 1 + sum(a * n for a, n in enumerate(hist)) / request_steps if request_steps else None
+    return {
+        "tokens_per_s": tokens / seconds,
+        "tau": tau,
+        "decode_steps": steps,
+        "host_ms_per_step": per_step("host_ms_per_step"),
+        "host_ms_outside_target_forward": per_step("host_ms_per_step_outside_target_forward"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def run(args) -> dict:
+    from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
+    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
+
+    prompts = [gsm8k_prompt(q) for q in load_questions()]
+    configs = configurations(args.budgets)
+    out_dir = Path(tempfile.mkdtemp(prefix="bench_step_launches-"))
+    rows: dict[str, dict[int, dict]] = {name: {c: {"timed": []} for c in args.concurrency} for name in configs}
+    with ExitStack() as stack:
+        servers = {}
+        for name, config_args in configs.items():
+            server = ServerProcess(launch_command([*SERVER_ARGS, *config_args], port=ANY_PORT), out_dir / f"{name}.log")
+            stack.callback(server.stop)
+            started = time.monotonic()
+            server.wait_ready(900)
+            print(f"[{name}] ready in {time.monotonic() - started:.0f} s", flush=True)
+            servers[name] = server.base_url
+            timed_level(server.base_url, prompts, 1, 16)  # warm-up: the first requests of a server run slower
+        names = list(configs)
+        for r in range(args.repeats):
+            for i, c in enumerate(args.concurrency):
+                shift = (r * len(args.concurrency) + i) % len(names)  # rotate the order from round to round
+                for name in names[shift:] + names[:shift]:
+                    rows[name][c]["timed"].append(timed_level(servers[name], prompts, c, args.max_new_tokens))
+                print(f"  repeat {r + 1}/{args.repeats}, c={c} timed", flush=True)
+        for name in names:
+            for c in args.concurrency:
+                folder = out_dir / f"profile-{name}-c{c}"
+                rows[name][c]["profile"] = profile_level(servers[name], prompts, folder, args.profile_steps, c)
+                print(f"  [{name}] c={c} profiled", flush=True)
+    for name in rows:
+        for c, row in rows[name].items():
+            timed = row["timed"]
+            for key in ("tokens_per_s", "tau", "host_ms_per_step", "host_ms_outside_target_forward"):
+                values = [t[key] for t in timed if t[key] is not None]
+                row[key] = statistics.median(values) if values else None
+    return {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": sys.version},
+        "args": vars(args),
+        "rows": rows,
+    }
+
+
+def ratios(results: dict) -> dict:
+    """Every tree configuration against the chain at the same concurrency."""
+    rows = results["rows"]
+    chain = rows["dflash-chain"]
+    out = {}
+    for name, levels in rows.items():
+        if name == "dflash-chain":
+            continue
+        for c, row in levels.items():
+            ref = chain[c]
+            out.setdefault(name, {})[c] = {
+                "operators": row["profile"]["operators_per_step"] / ref["profile"]["operators_per_step"],
+                "host_ms_per_step": row["host_ms_per_step"] / ref["host_ms_per_step"],
+                "host_ms_outside_target_forward": row["host_ms_outside_target_forward"]
+                / ref["host_ms_outside_target_forward"],
+                "tokens_per_s": row["tokens_per_s"] / ref["tokens_per_s"],
+            }
+    return out
+
+
+def targets(results: dict) -> list[str]:
+    lines = []
+    for name, levels in results["ratios"].items():
+        budget = int(name.rsplit("-", 1)[1])
+        for c, r in levels.items():
+            syncs = results["rows"][name][c]["profile"]["syncs_per_step"]
+            lines.append(f"{name} c={c}: syncs/step {syncs:.2f} (target 0): {'met' if syncs == 0 else 'MISSED'}")
+            if budget in (8, 16):
+                ok = r["operators"] <= 1.3
+                lines.append(f"{name} c={c}: operators {r['operators']:.2f}x the chain's (target <= 1.3x): "
+                             f"{'met' if ok else 'MISSED'}")  # fmt: skip
+            if budget == 8:
+                ok = r["host_ms_per_step"] <= 1.15
+                lines.append(f"{name} c={c}: step time {r['host_ms_per_step']:.2f}x the chain's (target <= 1.15x): "
+                             f"{'met' if ok else 'MISSED'}")  # fmt: skip
+    return lines
+
+
+def print_table(results: dict) -> None:
+    print(f"\n{'config':<16} {'c':>3} {'tau':>5} {'tok/s':>8} {'ms/step':>8} {'ms out':>7} {'ops/step':>9} "
+          f"{'syncs':>6} {'ops x':>6} {'ms x':>5}  ops per phase")  # fmt: skip
+    for name, levels in results["rows"].items():
+        for c, row in levels.items():
+            prof = row["profile"]
+            r = results["ratios"].get(name, {}).get(c, {})
+            cells = [f"{name:<16}", f"{c:>3}", f"{row['tau'] or 0:>5.2f}", f"{row['tokens_per_s']:>8.1f}",
+                     f"{row['host_ms_per_step']:>8.2f}", f"{row['host_ms_outside_target_forward']:>7.2f}",
+                     f"{prof['operators_per_step']:>9.1f}", f"{prof['syncs_per_step']:>6.2f}",
+                     f"{r.get('operators', 1.0):>6.2f}", f"{r.get('host_ms_per_step', 1.0):>5.2f}"]  # fmt: skip
+            print(" ".join(cells), f" {prof['operators_per_phase']}")
+    print()
+    for line in results["targets"]:
+        print(line)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["rows"])
+    levels = results["args"]["concurrency"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(levels)
+    for j, c in enumerate(levels):
+        xs = [i + j * width for i in range(len(names))]
+        axes[0].bar(xs, [results["rows"][n][c]["profile"]["operators_per_step"] for n in names], width, label=f"c={c}")
+        axes[1].bar(xs, [results["rows"][n][c]["host_ms_per_step"] for n in names], width, label=f"c={c}")
+    for ax, title in zip(axes, ("operators per step outside the target forward", "host ms per step (median)")):
+        ax.set_xticks([i + width * (len(levels) - 1) / 2 for i in range(len(names))], names, rotation=20)
+        ax.set_title(title, fontsize=10)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32],
+                        help="DDTree budgets to compare with the chain (default 8,16,32)")  # fmt: skip
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
+                        help="concurrent requests per level (default 1,8)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per level, interleaved (default 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per timed request (default 96)")
+    parser.add_argument("--profile-steps", type=int, default=8, help="scheduler steps profiled per level (default 8)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_step_launches.json")
+    args = parser.parse_args(argv)
+    if any(b < 1 or b > 63 for b in args.budgets) or any(c < 1 for c in args.concurrency) or args.repeats < 1:
+        parser.error("budgets must be in 1..63, concurrency levels and --repeats at least 1")
+    results = run(args)
+    results["args"]["out"] = str(args.out)
+    results["ratios"] = ratios(results)
+    results["targets"] = targets(results)
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    plot(results, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
