@@ -8,11 +8,14 @@
 #   imports  every SGLang serving module imported on the GPU, each failure listed;
 #   serving  the torch stand-ins for sgl_kernel's ops on the GPU, then the tiny model served in every mode
 #            (scripts/gpu_serve_check.py, SERVE_ARGS: its arguments): parity with autoregressive, tokens/s, tau.
-# STEPS (comma list) picks steps, default all but sweep; install always runs. Each step has its own time limit;
-# a failing step does not stop the later ones. Extra arguments go to bench_kernels.py.
+#   stepcost one rank of Kimi-K2.6 at TP 8 (RANK_LAYERS deep, random weights) served at fixed widths:
+#            bench/bench_step_cost.py (STEPCOST_ARGS: its arguments), then bench/project_kimi.py --measured.
+# STEPS (comma list) picks steps, default all but sweep and stepcost; install always runs. Each step has its own
+# time limit; a failing step does not stop the later ones. Extra arguments go to bench_kernels.py.
 #
 #   bash scripts/gpu_check.sh OUT_DIR [BENCH_ARGS...]            # from the repository root
 #   STEPS=serving SERVE_ARGS='--graphs eager' bash scripts/gpu_check.sh OUT_DIR
+#   STEPS=stepcost bash scripts/gpu_check.sh OUT_DIR
 set -u
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [bench_kernels.py args]}
 shift
@@ -80,19 +83,39 @@ sglang.srt.speculative.eagle_worker_v2 sglang.srt.layers.moe.fused_moe_triton.la
 PY
 fi
 
-if want serving; then
-    [ "${STANDIN:-1}" = 1 ] && step "stand-in ops on the GPU (tests/gpu/test_cuda_stand_in_gpu.py)" &&
-    PYTHONPATH=$SHIMS:$SITE timeout 60 python3 -m pytest tests/gpu/test_cuda_stand_in_gpu.py -q -p no:cacheprovider 2>&1 |
-        tail -15
-    step "serve the tiny model: every mode, parity, tokens/s, tau (scripts/gpu_serve_check.py $SERVE_ARGS)"
+serving_env() {
     # SGLang asserts the sglang-kernel distribution's version at start-up; the shim stands in for it here
     META=$SITE/sglang_kernel-0.4.10+sglang_kimi_shim.dist-info
     mkdir -p "$META" && printf 'Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10+sglang_kimi_shim\n' >"$META/METADATA"
     # SGLang logs each kernel it compiles at run time; the compiled modules are listed after the run
     export SGLANG_JIT_CACHE_DEBUG=1 SGLANG_JIT_CACHE_DIR=/tmp/sglang_jit
+}
+
+if want serving; then
+    [ "${STANDIN:-1}" = 1 ] && step "stand-in ops on the GPU (tests/gpu/test_cuda_stand_in_gpu.py)" &&
+    PYTHONPATH=$SHIMS:$SITE timeout 60 python3 -m pytest tests/gpu/test_cuda_stand_in_gpu.py -q -p no:cacheprovider 2>&1 |
+        tail -15
+    step "serve the tiny model: every mode, parity, tokens/s, tau (scripts/gpu_serve_check.py $SERVE_ARGS)"
+    serving_env
     # shellcheck disable=SC2086
     PYTHONPATH=$SHIMS:$SITE timeout "${SERVE_TIMEOUT_S:-560}" python3 scripts/gpu_serve_check.py --out "$OUT/serve" \
         ${SERVE_ARGS:-} 2>&1 | tail -${SERVE_TAIL:-80}
     echo "compiled at run time:"; ls /tmp/sglang_jit/* 2>/dev/null | head -30
+fi
+if want stepcost; then
+    step "one rank of Kimi-K2.6 at TP 8, ${RANK_LAYERS:-12} layers, random weights: t(B, w) (bench/bench_step_cost.py)"
+    serving_env
+    python3 scripts/make_rank_shaped.py --out /tmp/kimi_rank --layers "${RANK_LAYERS:-12}" 2>&1 | tail -10
+    # shellcheck disable=SC2086
+    PYTHONPATH=$SHIMS:$SITE timeout "${STEPCOST_TIMEOUT_S:-430}" python3 bench/bench_step_cost.py \
+        --model /tmp/kimi_rank/target --dflash /tmp/kimi_rank/dflash --eagle3 /tmp/kimi_rank/eagle3 \
+        --out-dir "$OUT" --name step_cost --log-dir /tmp/kimi_rank/logs --start-timeout 300 \
+        --server-args "--load-format dummy --attention-backend triton --mem-fraction-static 0.8 --cuda-graph-max-bs-decode 64" \
+        ${STEPCOST_ARGS:---modes ar,tree-16,chain-7,tree-4,tree-32,chain-1,eagle3-3 --input-len 256 --output-len 96 --deadline-s 390 --min-left-s 110} 2>&1 |
+        tail -"${STEPCOST_TAIL:-60}"
+    [ -f "$OUT/step_cost.json" ] && PYTHONPATH=$SITE timeout 60 python3 bench/project_kimi.py --measured "$OUT/step_cost.json" \
+        --devices H200 --context 256 --out-dir "$OUT" --name project_measured --step-costs "$OUT/h200-tp8.step_costs.json" \
+        2>&1 | tail -70
+    for f in /tmp/kimi_rank/logs/*.log; do [ -f "$f" ] && echo "--- $f" && grep -E "Error|error|Traceback" "$f" | tail -5; done
 fi
 echo; echo "=== done ($(date +%T))"

@@ -1,10 +1,11 @@
 """The plugin's environment variables, checked once at start-up, before any weight loads.
 
-Each variable is read where it acts (``models/kv_scales.py``, ``options.py``, ``kernels/aiter_overrides.py``,
-``kernels/moe_configs.py``), and each of those reads an unexpected spelling as "unset": a misspelt name
-(``SGLANG_KIMI_KV_SCALE``), a value outside the ones it knows (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=true``) or a table
-folder that does not exist served without a word. :func:`check_environment` refuses those, naming the fix.
-``SGLANG_KIMI_KV_SCALES`` has its own check (``kv_scales.check_setting`` and ``check_kv_dtype``).
+Each variable is read where it acts (``models/kv_scales.py``, ``models/cost_probe.py``, ``options.py``,
+``kernels/aiter_overrides.py``, ``kernels/moe_configs.py``), and each of those reads an unexpected spelling as
+"unset": a misspelt name (``SGLANG_KIMI_KV_SCALE``), a value outside the ones it knows
+(``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=true``) or a table folder that does not exist served without a word.
+:func:`check_environment` refuses those, naming the fix. ``SGLANG_KIMI_KV_SCALES`` has its own check
+(``kv_scales.check_setting`` and ``check_kv_dtype``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sglang_kimi.kernels.aiter_overrides import DISABLE_ENV as AITER_OVERRIDES_E
 from sglang_kimi.kernels.aiter_overrides import OFF_VALUES as AITER_OFF_VALUES
 from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
 from sglang_kimi.kernels.moe_configs import user_table_dir
+from sglang_kimi.models.cost_probe import ENV as COST_PROBE_ENV
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
 from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, HARDENING_ENV, SpeculativeConfigError
 
@@ -30,6 +32,7 @@ VARIABLES = {
     AITER_OVERRIDES_ENV: "0 to turn the ROCm AITER overrides off, 1 to keep them",
     MOE_CONFIG_DIR_ENV: "the folder of `sglang-kimi tune moe` tables",
     HARDENING_ENV: "0 to leave SGLang's own API behaviour (the hardening group off), 1 to keep the fixes",
+    COST_PROBE_ENV: "1 to time every forward and count the experts each MoE layer reads (bench/bench_step_cost.py)",
 }
 
 
@@ -61,6 +64,12 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         raise EnvironmentSettingError(
             f"{DEBUG_GREEDY_VERIFY_ENV}={greedy}: only 1 turns it on (sampled requests verified greedily, not "
             f"lossless): set 1 or 0, or unset it"
+        )
+    probe = env.get(COST_PROBE_ENV, "")
+    if probe not in ("", "0", "1"):
+        raise EnvironmentSettingError(
+            f"{COST_PROBE_ENV}={probe}: only 1 turns the cost probe on (forwards timed between device "
+            f"synchronisations): set 1 or 0, or unset it"
         )
     hardening = env.get(HARDENING_ENV, "")
     if hardening not in ("", "0", "1"):

@@ -1,8 +1,9 @@
 """The plugin's report in ``/server_info`` (``internal_states[i]["sglang_kimi"]``), added by the scheduler.
 
 Version, every registration's outcome (``plugin.registration_state``), the plugin's server options, the
-per-position acceptance counters (``metrics.py``), the FP8 KV scales (``models/kv_scales.py``) and, with
-``--speculative-kimi-adaptive``, the policy's state (``speculative/adaptive/runtime.py``).
+per-position acceptance counters (``metrics.py``), the FP8 KV scales (``models/kv_scales.py``), the cost probe's sums
+(``models/cost_probe.py``, with ``SGLANG_KIMI_COST_PROBE=1``) and, with ``--speculative-kimi-adaptive``, the policy's
+state (``speculative/adaptive/runtime.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sglang_kimi.hooks import hook
 
 
 def plugin_report(server_args) -> dict:
+    from sglang_kimi.models.cost_probe import snapshot as cost_probe_snapshot
     from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
     from sglang_kimi.options import plugin_args
     from sglang_kimi.plugin import registration_state
@@ -24,6 +26,7 @@ def plugin_report(server_args) -> dict:
     state["spec_metrics"] = current_snapshot()
     state["kv_scales"] = kv_scales_snapshot()
     state["adaptive"] = adaptive_snapshot()
+    state["cost_probe"] = cost_probe_snapshot()
     return state
 
 

@@ -1,4 +1,5 @@
-"""The Kimi-K2.6 entries of the registration table: text-only serving, quantized checkpoints, FP8 KV scales.
+"""The Kimi-K2.6 entries of the registration table: text-only serving, quantized checkpoints, FP8 KV scales, the cost
+probe of the step-cost benchmark.
 Data only; ``plugin.py`` runs them. Each module's docstring has the detail."""
 
 from sglang_kimi.hooks import Entry
@@ -48,5 +49,22 @@ ENTRIES: tuple[Entry, ...] = (
         f"{_KV_POOL}.MHATokenToKVPool.set_kv_buffer",
         f"{_MODELS}.kv_scales:install_mha_observer",
         "running max of K and V written to MHA pools (the DFlash drafter's), so drafter layers get FP8 scales too",
+    ),
+    Entry(
+        "kimi-cost-probe-forwards",
+        "sglang.srt.model_executor.model_runner.ModelRunner.forward",
+        f"{_MODELS}.cost_probe:install_forward_clock",
+        "with SGLANG_KIMI_COST_PROBE=1 every forward (target and drafter) is timed between device synchronisations, "
+        "by forward mode, for bench/bench_step_cost.py",
+        hooks=(
+            "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute",
+            "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.execute",
+        ),
+    ),
+    Entry(
+        "kimi-cost-probe-experts",
+        "sglang.srt.layers.moe.topk.select_experts",
+        f"{_MODELS}.cost_probe:install_expert_counter",
+        "with SGLANG_KIMI_COST_PROBE=1 the distinct routed experts of every MoE router call are counted on the device",
     ),
 )

@@ -44,6 +44,21 @@ ENTRIES: tuple[Entry, ...] = (
         when=CPU_ONLY,
     ),
     Entry(
+        "cpu-eagle3-mla-embed",
+        "sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM.set_embed",
+        f"{_CPU}.sglang_fixes:install_eagle3_mla_embed_on_cpu",
+        "upstream bug: the MLA EAGLE3 drafter synchronises CUDA when it takes the target's embedding (fails on CPU)",
+        when=CPU_ONLY,
+        hooks=("sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM.set_embed_and_head",),
+    ),
+    Entry(
+        "cpu-simulated-routing",
+        "sglang.srt.layers.moe.topk._simulate_balanced_routing",
+        f"{_CPU}.sglang_fixes:install_simulated_routing_on_cpu",
+        "upstream gap: SGLANG_SIMULATE_UNIFORM_EXPERTS (benchmark MoE routing) is a Triton kernel; on CPU, torch",
+        when=CPU_ONLY,
+    ),
+    Entry(
         "cpu-rank-thread-binding",
         "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
         f"{_CPU}.thread_binding:install_rank_thread_binding",

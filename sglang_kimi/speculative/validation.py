@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 from sglang_kimi.environment import check_environment
 from sglang_kimi.hooks import hook
@@ -67,7 +68,7 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             )
     if algorithm == "EAGLE3":
         _check_adaptive_eagle(cfg)
-        return load_adaptive_config(args.adaptive_config)
+        return _check_step_costs(cfg, load_adaptive_config(args.adaptive_config), "eagle3-chain")
     if algorithm != "DFLASH":
         raise SpeculativeConfigError(
             f"{ADAPTIVE_FLAG} drives DFLASH chains, DFLASH trees and EAGLE3 chains, but --speculative-algorithm is "
@@ -79,7 +80,33 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             "the plugin chooses the widths: drop --speculative-adaptive"
         )
     _check_tree_verify(cfg, ADAPTIVE_FLAG, "drop the flag")
-    return load_adaptive_config(args.adaptive_config)
+    mode = "chain" if args.dflash_tree_budget is None else "tree"
+    return _check_step_costs(cfg, load_adaptive_config(args.adaptive_config), mode)
+
+
+def _check_step_costs(cfg, config, mode: str):
+    """A step-costs table (the setting ``step_costs``) that does not describe this server (TP, shape of a rank, mode)
+    is refused before weights load; its device is compared once the scheduler knows it (``adaptive/start.py``)."""
+    if not config.step_costs:
+        return config
+    from sglang_kimi.speculative.adaptive.profile import StepCostsError, fitting_step_costs
+    from sglang_kimi.speculators.configs import load_config_dict
+
+    model = Path(cfg.model_path).expanduser()
+    if not model.is_dir():  # a hub id: compared in the scheduler, with the config SGLang downloaded
+        return config
+    try:
+        fitting_step_costs(
+            config.step_costs,
+            model_config=load_config_dict(model),
+            tp=int(cfg.tp_size),
+            ep=int(getattr(cfg, "ep_size", 1) or 1),
+            moe_a2a_backend=getattr(cfg, "moe_a2a_backend", None),
+            mode=mode,
+        )
+    except StepCostsError as e:
+        raise SpeculativeConfigError(f"{ADAPTIVE_CONFIG_FLAG}: {e}") from e
+    return config
 
 
 def _check_adaptive_eagle(cfg) -> None:

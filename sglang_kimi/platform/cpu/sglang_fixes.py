@@ -168,6 +168,79 @@ def install_dflash_record_stream_guard(target: str):
     hook(target, _dflash_forward_without_cpu_record_stream, "AROUND")
 
 
+def _without_cuda_calls(original, self, *args, **kwargs):
+    """``original`` with ``torch.cuda.synchronize`` and ``empty_cache`` doing nothing, when torch has no CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return original(self, *args, **kwargs)
+    saved = torch.cuda.synchronize, torch.cuda.empty_cache
+    torch.cuda.synchronize = torch.cuda.empty_cache = lambda *a, **k: None
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        torch.cuda.synchronize, torch.cuda.empty_cache = saved
+
+
+def install_eagle3_mla_embed_on_cpu(target: str, *more: str):
+    """``Eagle3DeepseekV2ForCausalLM.set_embed`` / ``set_embed_and_head`` (the MLA EAGLE3 drafter taking the target's
+    embedding and head) end with ``torch.cuda.empty_cache(); torch.cuda.synchronize()``: on a CPU build of torch that
+    raises "Torch not compiled with CUDA enabled" and the server ends while allocating the drafter's memory pool. On
+    a machine without CUDA both calls do nothing while these two run."""
+    import importlib.util
+
+    from sglang_kimi.hooks import hook
+
+    if importlib.util.find_spec(target.rsplit(".", 2)[0]) is None:
+        return "this SGLang has no MLA EAGLE3 drafter model"
+    for name in (target, *more):
+        hook(name, _without_cuda_calls, "AROUND")
+    return None
+
+
+def _simulated_routing_in_torch(original, topk_ids, topk_weights, num_experts, *, random, num_ranks=1, layer_id=None,
+                                token_shard_rank=0, num_token_shards=1, seed=None, num_token_non_padded=None,
+                                weight_scale=1.0):  # fmt: skip
+    """``_simulate_balanced_routing`` for CPU tensors: the Triton kernel's assignment written in torch (one program
+    per token there, one row here): uniform ``random`` gives each token a random base expert and its k experts
+    ``step = E // k`` apart; otherwise the round-robin deal; weights ``weight_scale / k``; padded rows -1 and 0."""
+    import torch
+
+    if topk_ids.is_cuda or topk_ids.numel() == 0:
+        return original(topk_ids, topk_weights, num_experts, random=random, num_ranks=num_ranks, layer_id=layer_id,
+                        token_shard_rank=token_shard_rank, num_token_shards=num_token_shards, seed=seed,
+                        num_token_non_padded=num_token_non_padded, weight_scale=weight_scale)  # fmt: skip
+    num_tokens, k = topk_ids.shape
+    experts_per_rank = num_experts // num_ranks
+    slot = torch.arange(k, device=topk_ids.device)  # [k]
+    token = torch.arange(num_tokens, device=topk_ids.device)  # [num_tokens]
+    if random:
+        generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+        base = torch.randint(0, num_experts, (num_tokens, 1), generator=generator)  # [num_tokens, 1]
+        gid = (base + slot * max(num_experts // k, 1)) % num_experts  # [num_tokens, k]
+    else:
+        rank_rotation = (token_shard_rank * max(num_ranks, num_token_shards)) // num_token_shards
+        offset = (0 if layer_id is None else layer_id) + rank_rotation + token_shard_rank * num_ranks
+        deal = token[:, None] * k + slot + offset  # [num_tokens, k]
+        gid = (deal % num_ranks) * experts_per_rank + (deal // num_ranks) % experts_per_rank
+    weights = torch.full((num_tokens, k), weight_scale / k, dtype=topk_weights.dtype)  # [num_tokens, k]
+    if num_token_non_padded is not None:
+        padded = (token >= num_token_non_padded)[:, None]  # [num_tokens, 1]
+        gid = torch.where(padded, -1, gid)
+        weights = torch.where(padded, 0.0, weights)
+    topk_ids.copy_(gid.to(topk_ids.dtype))
+    topk_weights.copy_(weights)
+
+
+def install_simulated_routing_on_cpu(target: str):
+    """``SGLANG_SIMULATE_UNIFORM_EXPERTS=1`` / ``SGLANG_SIMULATE_ROUND_ROBIN_EXPERTS=1`` (benchmark routing in place of
+    the router's, which random weights collapse onto a few experts) run a Triton kernel, which has no driver on a
+    CPU: the server ended at its first MoE layer. On CPU tensors the same assignment is made in torch."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _simulated_routing_in_torch, "AROUND")
+
+
 def _no_triton_for_kimi_cpu(original, backend):
     from sglang_kimi.platform.cpu import KIMI_CPU_BACKEND
 

@@ -4,10 +4,13 @@ Every key is optional; an unknown key, a wrong type or a value out of range is a
 (nothing is silently ignored)::
 
     {"widths": [0, 1, 2, 3, 7], "buckets": [1, 4, 16], "explore_every": 20, "hysteresis": 0.05,
-     "acceptance_decay": 0.995, "cost_decay": 0.98, "initial_width": 3, "profile_repeats": 2}
+     "acceptance_decay": 0.995, "cost_decay": 0.98, "initial_width": 3, "profile_repeats": 2,
+     "step_costs": "h200-tp8.json"}
 
 ``widths``: the candidate draft widths (chain drafts, tree budgets or EAGLE3 steps; 0 = no speculation);
-``buckets``: batch-size bucket bounds (a batch of B requests uses the first bucket >= B).
+``buckets``: batch-size bucket bounds (a batch of B requests uses the first bucket >= B); ``step_costs``: a ``t(B, w)``
+table (``bench/bench_step_cost.py``, ``bench/project_kimi.py --step-costs``; a path relative to this file's folder)
+used as the start-up profile instead of timing dummy forwards (``profile.py`` says when one is refused).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class AdaptiveConfig:
     cost_decay: float = 0.98  # per observed step
     initial_width: int | None = None  # None: the widest candidate until measurements say otherwise
     profile_repeats: int = 2  # timed forwards per (bucket, width) at start-up (the fastest is kept)
+    step_costs: str | None = None  # a step-costs table standing in for the start-up profile (absolute path)
 
 
 def _int_list(name: str, value, where: str) -> tuple[int, ...]:
@@ -77,6 +81,17 @@ def load_adaptive_config(path: str | None) -> AdaptiveConfig:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise AdaptiveConfigError(f"{where}: {name!r} must be an integer, got {v!r}")
             values[name] = v
+    if "step_costs" in raw:
+        v = raw["step_costs"]
+        if not isinstance(v, str) or not v:
+            raise AdaptiveConfigError(f"{where}: 'step_costs' must be the path of a step-costs file, got {v!r}")
+        file = (Path(path).parent / Path(v).expanduser()).resolve()
+        if not file.is_file():
+            raise AdaptiveConfigError(
+                f"{where}: 'step_costs' {v} is not a file ({file}); write one with bench/bench_step_cost.py or "
+                "bench/project_kimi.py --step-costs (a relative path is read from this file's folder)"
+            )
+        values["step_costs"] = str(file)
     for name in ("hysteresis", "acceptance_decay", "cost_decay"):
         if name in raw:
             v = raw[name]

@@ -11,14 +11,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
-from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, default_buckets
-from sglang_kimi.speculative.adaptive.profile import config_digest, device_name, load_or_measure, write_profile
+from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, AdaptiveConfigError, default_buckets
+from sglang_kimi.speculative.adaptive.profile import (
+    StepCostsError,
+    config_digest,
+    device_name,
+    file_digest,
+    fitting_step_costs,
+    load_or_measure,
+    step_costs_table,
+    write_profile,
+)
 from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime, set_current
 from sglang_kimi.speculators.policy import CostTable, WidthPolicy
 
@@ -69,6 +79,10 @@ def start_runtime(
     buckets = config.buckets or default_buckets(max_requests or runner.req_to_token_pool.size)
     mode, block = key_fields
     key = profile_key(server_args, runner, device, mode, block, widths, buckets) | (extra_key or {})
+    given = None
+    if config.step_costs:  # a measured or projected t(B, w) table instead of the start-up profile
+        given = given_step_costs(config.step_costs, server_args, runner, device, mode, buckets, widths)
+        key["step_costs"] = file_digest(config.step_costs)
     acceptance = acceptance_for(widths)
 
     tp = get_parallel().tp_group
@@ -82,6 +96,7 @@ def start_runtime(
         step_seconds,
         share=share,
         writer=writer,
+        given=given,
     )
     costs = CostTable(decay=config.cost_decay)
     for bucket, row in saved.table.items():
@@ -110,6 +125,7 @@ def start_runtime(
             "file": str(file),
             "measured_at_start": measured,
             "restored_cells": sum(len(row) for row in saved.measured.values()),
+            "step_costs": config.step_costs,
             "key": key,
         },
         save=(lambda cells: write_profile(file, key, saved.table, cells, created=saved.created)) if writer else None,
@@ -124,6 +140,28 @@ def start_runtime(
         100 * config.hysteresis,
     )
     return runtime
+
+
+def given_step_costs(path: str, server_args, runner, device, mode: str, buckets, widths):
+    """The start-up profile a step-costs table gives this server; AdaptiveConfigError naming every difference when
+    it was made for another device, TP, rank shape or mode, or does not span the buckets and widths."""
+    from sglang_kimi.speculators.configs import load_config_dict
+
+    model = server_args.model_path
+    model_config = load_config_dict(model) if Path(model).is_dir() else runner.model_config.hf_config.to_dict()
+    try:
+        costs = fitting_step_costs(
+            path,
+            model_config=model_config,
+            tp=int(server_args.tp_size),
+            ep=int(getattr(server_args, "ep_size", 1) or 1),
+            moe_a2a_backend=getattr(server_args, "moe_a2a_backend", None),
+            mode=mode,
+            device=device_name(device),
+        )
+        return step_costs_table(costs, mode, buckets, widths)
+    except StepCostsError as e:
+        raise AdaptiveConfigError(f"--speculative-kimi-adaptive-config: {e}") from e
 
 
 def dummy_batch(runner, device, batch_size: int, extent: int):
