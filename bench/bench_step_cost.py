@@ -39,14 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import shlex
 import signal
 import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 import requests  # noqa: E402
 
+from sglang_kimi.models import kimi_shapes as ks  # noqa: E402
 from sglang_kimi.models.cost_probe import ENV as PROBE_ENV  # noqa: E402
 from sglang_kimi.models.kimi_shapes import expected_distinct_experts  # noqa: E402
 from sglang_kimi.speculative.adaptive.profile import StepCosts, server_cost_setup, write_step_costs  # noqa: E402
@@ -70,27 +69,14 @@ class BenchError(RuntimeError):
     """A measurement that cannot be made; the message names the fix."""
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str  # ar, chain-K, tree-N, eagle3-S
-    family: str  # ar, chain, tree, eagle3
-    width: int  # drafts per step (chain, eagle3), tree budget (tree), 0 (ar)
-
-    @property
-    def window(self) -> int:
-        """Tokens per request in the target's forward of a step."""
-        return self.width + 1
+Mode = ks.StepMode
 
 
 def parse_mode(name: str) -> Mode:
-    if name == "ar":
-        return Mode("ar", "ar", 0)
-    m = re.fullmatch(r"(chain|tree|eagle3)-(\d+)", name)
-    if not m or int(m.group(2)) < 1:
-        raise BenchError(
-            f"mode {name!r}: use ar, chain-K (K drafts), tree-N (budget N) or eagle3-S (S steps), K,N,S>=1"
-        )
-    return Mode(name, m.group(1), int(m.group(2)))
+    try:
+        return ks.parse_step_mode(name)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def mode_args(mode: Mode, dflash: str | None, eagle3: str | None) -> list[str]:
@@ -117,14 +103,14 @@ def mode_of_server(server_info: dict) -> Mode:
     """The fixed width a running server decodes with, from its ``/server_info``."""
     algorithm = (server_info.get("speculative_algorithm") or "").upper()
     if not algorithm:
-        return Mode("ar", "ar", 0)
+        return parse_mode("ar")
     plugin = ((server_info.get("internal_states") or [{}])[0].get("sglang_kimi") or {}).get("args") or {}
     if algorithm == "DFLASH":
         if plugin.get("adaptive"):
             raise BenchError("the server chooses its widths (--speculative-kimi-adaptive): measure a static one")
         budget = plugin.get("dflash_tree_budget")
         if budget:
-            return Mode(f"tree-{budget}", "tree", int(budget))
+            return parse_mode(f"tree-{budget}")
         return parse_mode(f"chain-{int(server_info['speculative_num_draft_tokens']) - 1}")
     if algorithm == "EAGLE3" and int(server_info.get("speculative_eagle_topk") or 1) == 1:
         return parse_mode(f"eagle3-{int(server_info['speculative_num_steps'])}")

@@ -267,24 +267,14 @@ def seconds(cost: Cost, device: Device, compute: str, tp: int, latency_us: float
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str  # ar, chain-K, tree-N, eagle3-S
-    family: str
-    width: int
-
-    @property
-    def window(self) -> int:
-        return self.width + 1
+Mode = ks.StepMode
 
 
 def parse_mode(name: str) -> Mode:
-    if name == "ar":
-        return Mode("ar", "ar", 0)
-    family, _, width = name.partition("-")
-    if family not in ("chain", "tree", "eagle3") or not width.isdigit() or int(width) < 1:
-        raise ProjectionError(f"mode {name!r}: use ar, chain-K, tree-N or eagle3-S (K, N, S >= 1)")
-    return Mode(name, family, int(width))
+    try:
+        return ks.parse_step_mode(name)
+    except ValueError as exc:
+        raise ProjectionError(str(exc)) from None
 
 
 DFLASH_BLOCK = ks.KIMI_K25_DFLASH["block_size"]

@@ -233,26 +233,60 @@ _VISION = {"patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64
            "mm_hidden_size": 1152, "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5}  # fmt: skip
 
 
-def rank_target_config(shape: RankShape) -> dict:
-    """The target's ``config.json``: Kimi-K2.6's wrapper (``KimiK25ForConditionalGeneration``) around the rank's
-    text config, with ``rank_shape`` recording what it stands for (read by :func:`rank_signature`)."""
-    text = rank_text_config(shape)
+def kimi_k25_config(text: dict, vision: dict, *, bos: int, eos: int, pad: int, media_placeholder: int) -> dict:
+    """A ``config.json`` in Kimi-K2.5/K2.6's own format: the ``KimiK25ForConditionalGeneration`` wrapper around a
+    DeepSeek-V3 ``text_config`` and a MoonViT ``vision_config`` (no auto_map: no remote code)."""
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
         "ignore_index": -100,
-        "media_placeholder_token_id": MEDIA_PLACEHOLDER_ID,
+        "media_placeholder_token_id": media_placeholder,
         "use_unified_vision_chunk": True,
         "video_placeholder": "<|kimi_k25_video_placeholder|>",
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "text_config": text,
-        "vision_config": dict(_VISION, text_hidden_size=text["hidden_size"]),
-        "rank_shape": dict(shape.as_dict(), source=SOURCE),
+        "vision_config": vision,
     }
+
+
+def rank_target_config(shape: RankShape) -> dict:
+    """The target's ``config.json``: Kimi-K2.6's wrapper (``KimiK25ForConditionalGeneration``) around the rank's
+    text config, with ``rank_shape`` recording what it stands for (read by :func:`rank_signature`)."""
+    text = rank_text_config(shape)
+    vision = dict(_VISION, text_hidden_size=text["hidden_size"])
+    config = kimi_k25_config(text, vision, bos=BOS_ID, eos=EOS_ID, pad=PAD_ID, media_placeholder=MEDIA_PLACEHOLDER_ID)
+    return dict(config, rank_shape=dict(shape.as_dict(), source=SOURCE))
+
+
+@dataclass(frozen=True)
+class StepMode:
+    """A speculative mode at a fixed width, as the step-cost tables name it: ``ar``, ``chain-K`` (K drafts),
+    ``tree-N`` (a DDTree of budget N) or ``eagle3-S`` (S EAGLE3 steps)."""
+
+    name: str
+    family: str  # ar, chain, tree, eagle3
+    width: int  # drafts per step (chain, eagle3), tree budget (tree), 0 (ar)
+
+    @property
+    def window(self) -> int:
+        """Tokens per request in the target's forward of a step."""
+        return self.width + 1
+
+
+def parse_step_mode(name: str) -> StepMode:
+    """Raises ValueError naming the accepted spellings."""
+    if name == "ar":
+        return StepMode("ar", "ar", 0)
+    family, _, width = name.partition("-")
+    if family not in ("chain", "tree", "eagle3") or not width.isdigit() or int(width) < 1:
+        raise ValueError(
+            f"mode {name!r}: use ar, chain-K (K drafts), tree-N (budget N) or eagle3-S (S steps), K, N, S >= 1"
+        )
+    return StepMode(name, family, int(width))
 
 
 def rank_dflash_config(shape: RankShape) -> dict:

@@ -164,21 +164,16 @@ VISION_CONFIG = {
 
 def kimi_config() -> dict:
     """The top-level config.json, in Kimi-K2.6's format (no auto_map: no remote code)."""
-    return {
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "model_type": "kimi_k25",
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
-        "ignore_index": -100,
-        "media_placeholder_token_id": MEDIA_PLACEHOLDER_ID,
-        "use_unified_vision_chunk": True,
-        "video_placeholder": "<|kimi_k25_video_placeholder|>",
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "text_config": dict(TEXT_CONFIG),
-        "vision_config": dict(VISION_CONFIG),
-    }
+    from sglang_kimi.models.kimi_shapes import kimi_k25_config
+
+    return kimi_k25_config(
+        dict(TEXT_CONFIG),
+        dict(VISION_CONFIG),
+        bos=BOS_ID,
+        eos=EOS_ID,
+        pad=PAD_ID,
+        media_placeholder=MEDIA_PLACEHOLDER_ID,
+    )
 
 
 def checkpoint_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
