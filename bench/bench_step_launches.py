@@ -114,7 +114,7 @@ def step_operators(events: list[dict]) -> dict:
 def profile_level(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int) -> dict:
     check = _gpu_serve_check()
     result = check.profile(base_url, prompts, folder, steps, concurrency, check.PROFILE_MAX_NEW_TOKENS)
-    return step_operators(check.trace_events(folder / result["trace"]))
+    return step_operators(check.trace_events(folder.parent / result["trace"]))  # the path is relative to the parent
 
 
 def _gpu_serve_check():

@@ -57,6 +57,7 @@ ENTRIES: tuple[Entry, ...] = (
         f"{_CPU}.sglang_fixes:install_simulated_routing_on_cpu",
         "upstream gap: SGLANG_SIMULATE_UNIFORM_EXPERTS (benchmark MoE routing) is a Triton kernel; on CPU, torch",
         when=CPU_ONLY,
+        since=(0, 5, 23),  # num_ranks, num_token_non_padded and weight_scale arrived there
     ),
     Entry(
         "cpu-rank-thread-binding",

@@ -94,8 +94,9 @@ def test_the_projection_reads_the_measured_table(run, capsys):
     projected = json.loads((out / "projected.json").read_text())
     measured_rows = [r for r in projected["rows"] if r["source"] == "measured"]
     assert {r["mode"] for r in measured_rows} >= {"ar", "chain-2", "tree-8", "eagle3-2"}
-    for r in measured_rows:
-        assert r["depth_ratio"] > 0 and r["tok_s_node"] == pytest.approx(r["concurrency"] * r["tok_s_user"])
+    for r in measured_rows:  # the JSON keeps five significant digits of each number: 1e-4 relative for a product
+        assert r["depth_ratio"] > 0
+        assert r["tok_s_node"] == pytest.approx(r["concurrency"] * r["tok_s_user"], rel=1e-4)
     assert set(read_step_costs(out / "proj.json").seconds) == {"chain", "tree", "eagle3-chain"}
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:  # the measured CPU twin is not a rank of Kimi-K2.6 at its real widths
