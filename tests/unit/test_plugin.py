@@ -78,6 +78,7 @@ def test_entries_newer_than_the_installed_sglang_skip(monkeypatch):
     assert newer
     monkeypatch.setattr(sglang.version, "__version__", "0.5.21")
     monkeypatch.setattr(plugin, "cuda_without_sgl_kernel", lambda: True)  # the CUDA stand-ins' machine
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")  # and a CPU engine's process, for the CPU-only entries
     for entry in newer:
         assert plugin.skip_reason(entry) == f"needs SGLang {'.'.join(map(str, entry.since))} or later"
     monkeypatch.setattr(sglang.version, "__version__", ".".join(map(str, max(e.since for e in newer))) + ".post1")
