@@ -19,10 +19,12 @@ where verify cost grows with the tokens verified. The two inputs are estimated o
 - :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile scaled by how far the real
   steps' timings fell from it, each cell replaced by the steps' own timings (decayed) once it has run.
 
-:class:`WidthPolicy` combines them per bucket, with a bounded share of steps spent on other widths (the runner-up,
-and the least recently run: so the estimates of widths not chosen do not go stale) and hysteresis (a new width must
-beat the current one by a margin, so the choice does not thrash between near-equal widths). Pure Python and
-PyTorch-free: the serving workers feed it counts and seconds. Derivation and failure modes: ``docs/adaptive.md``.
+:class:`WidthPolicy` combines them per bucket, with some steps spent on other widths (the runner-up, and the least
+recently run: so the estimates of widths not chosen do not go stale), as many as a budget of lost throughput allows
+(a width whose step is expected to lose much is revisited rarely), and hysteresis (a new width must beat the current
+one by a margin, so the choice does not thrash between near-equal widths). Pure Python and PyTorch-free: the serving
+workers feed it counts and seconds. Derivation, failure modes and the replay its defaults were chosen on:
+``docs/adaptive.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 NO_SPECULATION = 0
+EXPLORE_BUDGET = 0.2  # exploration may lose at most EXPLORE_BUDGET / explore_every of a bucket's time (1% at 20)
 
 
 @dataclass
@@ -54,8 +57,13 @@ class ChainAcceptance:
     """Per-position conditional acceptance of a chain drafter, shared by every bucket (acceptance is a property
     of the drafter and the traffic, not of the batch size).
 
-    ``prior`` and ``prior_weight``: a Beta-like pseudo-count per position, so a position never observed is
-    estimated as ``prior`` (optimistic enough that exploration tries it) and a few observations dominate it.
+    Each position's counts decay with that position's own observations (``decay`` per request that reached it): a
+    position the running width does not reach keeps what the last steps that drafted it measured, instead of fading
+    back to the prior between explorations (at a batch of 64, a decay per request-step of every position would
+    forget an exploration within a few steps). ``prior`` and ``prior_weight``: a Beta-like pseudo-count per
+    position, centred on the estimate of the position before it (the first position on ``prior``): a position
+    seldom observed is taken to be about as good as its predecessor, which is what a drafter's acceptance by
+    position looks like (it falls slowly with depth), and a few observations dominate it.
     """
 
     def __init__(self, max_width: int, decay: float = 0.995, prior: float = 0.5, prior_weight: float = 2.0):
@@ -65,37 +73,51 @@ class ChainAcceptance:
         self.prior_weight = prior_weight
         self.tried = [0.0] * (max_width + 1)  # index d: decayed steps that reached position d (d drafted)
         self.accepted = [0.0] * (max_width + 1)  # decayed steps that accepted position d
+        self._conditional: list[float] | None = None  # a_d by position until the next observation
+        self._expected: list[float] | None = None  # E_w by width until the next observation
 
     def observe(self, width: int, accepted: Sequence[int]) -> None:
         """One step of ``width`` drafts; ``accepted[r]`` drafts accepted by request r (bonus excluded)."""
         if width <= 0:
             return
-        d_tried = [0] * (self.max_width + 1)
-        d_accepted = [0] * (self.max_width + 1)
+        width = min(width, self.max_width)
+        at_least = [0] * (width + 2)  # at_least[a]: requests that accepted a drafts, then summed from the top
         for a in accepted:
-            a = max(0, min(int(a), width))
-            for d in range(1, min(width, a + 1) + 1):
-                d_tried[d] += 1
-                d_accepted[d] += d <= a
-        factor = self.decay ** max(1, len(accepted))
-        for d in range(1, self.max_width + 1):
-            self.tried[d] = self.tried[d] * factor + d_tried[d]
-            self.accepted[d] = self.accepted[d] * factor + d_accepted[d]
+            at_least[max(0, min(int(a), width))] += 1
+        for a in range(width, 0, -1):
+            at_least[a - 1] += at_least[a]
+        # position d was tried by the requests that accepted >= d - 1 drafts, accepted by those that accepted >= d
+        for d in range(1, width + 1):
+            tried = at_least[d - 1]
+            if tried:
+                factor = self.decay**tried
+                self.tried[d] = self.tried[d] * factor + tried
+                self.accepted[d] = self.accepted[d] * factor + at_least[d]
+        self._conditional = self._expected = None
 
     def conditional(self, d: int) -> float:
         """``a_d``: the chance position d is accepted when the d - 1 before it were."""
-        return (self.accepted[d] + self.prior * self.prior_weight) / (self.tried[d] + self.prior_weight)
+        if self._conditional is None:
+            rates, prior = [1.0], self.prior
+            for k in range(1, self.max_width + 1):
+                prior = (self.accepted[k] + prior * self.prior_weight) / (self.tried[k] + self.prior_weight)
+                rates.append(prior)
+            self._conditional = rates
+        return self._conditional[d]
 
     def observed(self) -> bool:
         return self.tried[1] > 0
 
     def expected_tokens(self, width: int) -> float:
         """``E_w``: committed tokens per step at width ``width`` (accepted drafts + the bonus)."""
-        total, reach = 1.0, 1.0
-        for d in range(1, min(width, self.max_width) + 1):
-            reach *= self.conditional(d)
-            total += reach
-        return total
+        if self._expected is None:
+            total, reach, expected = 1.0, 1.0, [1.0]
+            for d in range(1, self.max_width + 1):
+                reach *= self.conditional(d)
+                total += reach
+                expected.append(total)
+            self._expected = expected
+        return self._expected[max(0, min(width, self.max_width))]
 
     def snapshot(self) -> list[float]:
         return [round(self.conditional(d), 4) for d in range(1, self.max_width + 1)]
@@ -190,15 +212,20 @@ class CostTable:
         self.table: dict[int, dict[int, Decayed]] = {}  # measured: bucket -> width -> the real steps' seconds
         self.profile: dict[int, dict[int, float]] = {}  # profiled: bucket -> width -> seconds
         self._calibration: dict[int, float] | None = None  # per bucket, until the next observation
+        self._rows: dict[int, dict[int, float]] = {}  # row() per bucket, until the next observation
+
+    def _changed(self) -> None:
+        self._calibration = None
+        self._rows.clear()
 
     def set(self, bucket: int, width: int, seconds: float) -> None:
         """A profiled value (calibrated until the first real step of this (bucket, width) replaces it)."""
         self.profile.setdefault(bucket, {})[width] = seconds
-        self._calibration = None
+        self._changed()
 
     def observe(self, bucket: int, width: int, seconds: float) -> None:
         self.table.setdefault(bucket, {}).setdefault(width, Decayed()).add(seconds, self.decay)
-        self._calibration = None
+        self._changed()
 
     def restore(self, bucket: int, width: int, seconds: float, steps: float, trust: float = 8.0) -> None:
         """A cell real steps measured before a restart (mean ``seconds`` over ``steps`` decayed steps), weighed as
@@ -207,7 +234,7 @@ class CostTable:
         if seconds > 0 and steps > 0 and math.isfinite(seconds):
             weight = min(steps, trust)
             self.table.setdefault(bucket, {})[width] = Decayed(seconds * weight, weight)
-            self._calibration = None
+            self._changed()
 
     def measured(self) -> dict[int, dict[int, tuple[float, float]]]:
         """The cells real steps have timed: bucket -> width -> (mean seconds, decayed steps)."""
@@ -238,9 +265,12 @@ class CostTable:
 
     def row(self, bucket: int) -> dict[int, float]:
         """The bucket's known widths: measured means, else calibrated profiled values."""
-        scale = self.calibration(bucket)
-        row = {w: s * scale for w, s in self.profile.get(bucket, {}).items()}
-        row.update({w: c.mean() for w, c in self.table.get(bucket, {}).items() if c.mean() is not None})
+        row = self._rows.get(bucket)
+        if row is None:
+            scale = self.calibration(bucket)
+            row = {w: s * scale for w, s in self.profile.get(bucket, {}).items()}
+            row.update({w: c.mean() for w, c in self.table.get(bucket, {}).items() if c.mean() is not None})
+            self._rows[bucket] = row
         return row
 
     def seconds(self, bucket: int, width: int) -> float | None:
@@ -270,6 +300,8 @@ class BucketState:
     realised: Decayed = field(default_factory=Decayed)  # committed tokens per request per step, as observed
     last_run: dict[int, int] = field(default_factory=dict)  # width -> this bucket's step that last ran it
     explorations: int = 0  # steps of this bucket that ran another width than the chosen one
+    attempts: int = 0  # explorations that were due (some wait for the allowance)
+    allowance: dict[int, float] = field(default_factory=dict)  # width -> seconds exploring it may still lose
 
 
 @dataclass(frozen=True)
@@ -285,9 +317,11 @@ class WidthPolicy:
     ``widths``: the candidate widths, ascending, 0 (no speculation) allowed; ``buckets``: batch-size bucket bounds
     (a batch of B requests falls in the first bucket >= B, the last one beyond); ``acceptance``: a
     :class:`ChainAcceptance` or :class:`TreeAcceptance`; ``costs``: a :class:`CostTable`. One in every
-    ``explore_every`` steps of a bucket (and two early ones: :meth:`exploration_due`) runs another width instead:
-    the runner-up or the least recently run width (a bounded share: ``1 / explore_every``); the bucket switches to a
-    width only when its expected rate beats the current width's by ``hysteresis`` (a fraction).
+    ``explore_every`` steps of a bucket (and two early ones: :meth:`exploration_due`) may run another width instead:
+    the runner-up or the least recently run width (at most ``1 / explore_every`` of the steps), if the bucket can
+    afford what that step is expected to lose: exploration may cost at most ``explore_budget`` of the bucket's time
+    (default ``EXPLORE_BUDGET / explore_every``); the bucket switches to a width only when its expected rate beats
+    the current width's by ``hysteresis`` (a fraction).
     """
 
     def __init__(
@@ -300,6 +334,7 @@ class WidthPolicy:
         initial_width: int | None = None,
         explore_every: int = 20,
         hysteresis: float = 0.05,
+        explore_budget: float | None = None,
     ):
         if not widths or list(widths) != sorted(set(widths)) or widths[0] < 0:
             raise ValueError(f"widths must be distinct, ascending and >= 0, got {list(widths)}")
@@ -309,12 +344,15 @@ class WidthPolicy:
             raise ValueError(f"explore_every must be >= 2 (1 would explore every step), got {explore_every}")
         if not 0 <= hysteresis < 1:
             raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
+        if explore_budget is not None and not 0 <= explore_budget <= 1:
+            raise ValueError(f"explore_budget must be in [0, 1], got {explore_budget}")
         self.widths = list(widths)
         self.buckets = list(buckets)
         self.acceptance = acceptance
         self.costs = costs
         self.explore_every = explore_every
         self.hysteresis = hysteresis
+        self.explore_budget = EXPLORE_BUDGET / explore_every if explore_budget is None else explore_budget
         start = self.widths[-1] if initial_width is None else initial_width
         if start not in self.widths:
             raise ValueError(f"initial width {start} is not a candidate width {self.widths}")
@@ -346,8 +384,7 @@ class WidthPolicy:
             return Decision(unmeasured[0] if not measured else unmeasured[-1], explore=True, changed=False)
         if not self.acceptance.observed():  # nothing known of the drafter yet: its first steps run the initial
             # (by default the widest) width, which measures every draft position at once
-            state.last_run[current] = state.steps
-            return Decision(current, explore=False, changed=False)
+            return self._run(bucket, state, current, explore=False, changed=False)
         best = self.best(bucket)
         changed = False
         if best != current and self.rate(bucket, best) > self.rate(bucket, current) * (1 + self.hysteresis):
@@ -355,9 +392,30 @@ class WidthPolicy:
             current = best
         state.expected_tokens = self.acceptance.expected_tokens(current)
         if self.exploration_due(state.steps) and len(self.widths) > 1:
-            return Decision(self._explored(bucket, state, current), explore=True, changed=changed)
-        state.last_run[current] = state.steps
-        return Decision(current, explore=False, changed=changed)
+            explored = self._explored(bucket, state, current)
+            if explored is not None:
+                return self._run(bucket, state, explored, explore=True, changed=changed)
+        return self._run(bucket, state, current, explore=False, changed=changed)
+
+    def _run(self, bucket: int, state: BucketState, width: int, explore: bool, changed: bool) -> Decision:
+        """The decision to run ``width``: its step's expected seconds times ``explore_budget`` accrue to the
+        exploration allowances of the bucket's other widths, in equal shares."""
+        state.last_run[width] = state.steps
+        if len(self.widths) > 1:
+            share = self.explore_budget * (self.costs.seconds(bucket, width) or 0.0) / (len(self.widths) - 1)
+            for w in self.widths:
+                if w != state.width:
+                    state.allowance[w] = state.allowance.get(w, 0.0) + share
+        return Decision(width, explore=explore, changed=changed)
+
+    def regret(self, bucket: int, current: int, width: int) -> float:
+        """Seconds a step of ``width`` is expected to lose against ``current``: its time, less the time ``current``
+        takes to commit as many tokens (0 when ``width`` is expected to be as fast or faster)."""
+        seconds = self.costs.seconds(bucket, width) or 0.0
+        rate = self.rate(bucket, current)
+        if rate <= 0:
+            return 0.0
+        return max(0.0, seconds - self.acceptance.expected_tokens(width) / rate)
 
     def exploration_due(self, step: int) -> bool:
         """Whether a bucket's ``step``-th step (from 1) explores: every ``explore_every``-th, and two early ones at a
@@ -366,20 +424,35 @@ class WidthPolicy:
         e = self.explore_every
         return step % e == 0 or step in (max(1, e // 4), max(1, e // 2))
 
-    def _explored(self, bucket: int, state: BucketState, current: int) -> int:
+    def _explored(self, bucket: int, state: BucketState, current: int) -> int | None:
         """Two explorations in three run the *challenger*, the width with the best expected rate after the current
         one: the width whose estimate decides whether the bucket should move (a switch that hysteresis holds back
         while the challenger's cost is only a profiled value is settled by measuring it). The third runs the width
         this bucket has run least recently, so that a width far from the current one (whose cost or acceptance
-        estimate may be stale, e.g. from a noisy profile or a change of traffic) is still revisited."""
+        estimate may be stale, e.g. from a noisy profile or a change of traffic) is still revisited.
+
+        Either runs only when its own allowance covers its :meth:`regret` (None: not this time); the third takes the
+        least recently run of the widths it can afford. Each step accrues ``explore_budget`` of its expected seconds,
+        shared equally among the bucket's other widths: a challenger held back by hysteresis costs nothing to
+        measure, a width expected to lose half a step waits until its share has grown that much, so a far width
+        whose step costs several plain ones (a wide window at a large batch) is revisited rarely without keeping the
+        cheap ones from being revisited, and exploration loses at most ``explore_budget`` of the bucket's time."""
         others = [w for w in self.widths if w != current]
-        if state.explorations % 3 == 2:
-            width = min(others, key=lambda w: (state.last_run.get(w, -1), w))
+        far = state.attempts % 3 == 2
+        state.attempts += 1
+        regrets = {w: self.regret(bucket, current, w) for w in others}
+        affordable = [w for w in others if regrets[w] <= state.allowance.get(w, 0.0)]
+        if far:
+            if not affordable:
+                return None
+            width = min(affordable, key=lambda w: (state.last_run.get(w, -1), w))
         else:
             rates = {w: self.rate(bucket, w) for w in others}
             width = max(others, key=lambda w: (rates[w], -w))
+            if width not in affordable:
+                return None
+        state.allowance[width] -= regrets[width]
         state.explorations += 1
-        state.last_run[width] = state.steps
         return width
 
     def observe(self, batch_size: int, width: int, accepted: Sequence[int], seconds: float | None) -> None:

@@ -248,3 +248,43 @@ def test_the_first_steps_run_the_initial_width_until_the_drafter_is_observed():
     policy.observe(1, 16, [5], 0.0132)
     # 6 tokens in 13.2 ms beat the unobserved widths' optimistic estimates (4: 4.3 tokens in 10.8 ms)
     assert policy.choose(1).width == 16 and policy.state[1].switches == 0
+
+
+def test_exploration_loses_at_most_its_budget_where_other_widths_cost_several_steps():
+    """The field case at batch 64: no speculation is best and a chain of 7 costs several plain steps. Exploring
+    at every step the schedule allows (1 in 20, a far width every third time) loses ~2% here; the budget (1% of the
+    bucket's time by default) bounds it, and every width is still revisited."""
+    widths, batch, steps = list(range(8)), 64, 3000
+
+    def lost(policy: WidthPolicy) -> float:
+        rng, seconds, ran = random.Random(4), 0.0, set()
+        for _ in range(steps):
+            width = policy.choose(batch).width
+            ran.add(width)
+            accepted = [sample_accepted(MISMATCHED, width, rng) for _ in range(batch)]
+            policy.observe(batch, width, accepted, step_seconds(batch, width))
+            seconds += step_seconds(batch, width) * expected(MISMATCHED, 0) / (1 + sum(accepted) / batch)
+        assert ran == set(widths)
+        return seconds / (steps * step_seconds(batch, 0)) - 1  # time per committed token over width 0's
+
+    def policy(**kw) -> WidthPolicy:
+        costs = CostTable()
+        for w in widths:
+            costs.set(64, w, step_seconds(64, w))
+        return WidthPolicy(widths, [64], ChainAcceptance(7), costs, **kw)
+
+    budgeted, unbounded = lost(policy()), lost(policy(explore_budget=1.0))
+    assert budgeted < 0.01 < unbounded, (budgeted, unbounded)
+
+
+def test_a_position_beyond_the_running_width_keeps_what_it_last_measured():
+    """At a batch of 64, a bucket running 2 drafts observes positions 1..2 every step; positions 3..7, measured
+    by one step of 7, must not fade back to the prior meanwhile (a decay per request-step of every position
+    forgot them within a few steps)."""
+    acceptance = ChainAcceptance(7)
+    acceptance.observe(7, [7] * 64)  # every draft accepted: positions 1..7 at ~1
+    for _ in range(200):
+        acceptance.observe(2, [1] * 32 + [2] * 32)  # positions 1..2 at 1 and 0.5
+    assert acceptance.conditional(2) == pytest.approx(0.5, abs=0.02)
+    assert acceptance.conditional(5) > 0.9  # measured at ~1 by the step of 7, and kept
+    assert acceptance.expected_tokens(7) > acceptance.expected_tokens(2) + 0.9 * 5 * 0.5
