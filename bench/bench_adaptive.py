@@ -101,8 +101,9 @@ def run_order(names: list[str], turn: int) -> list[str]:
 def run_group(group: str, configs: dict[str, list[str]], cfg, repeats: int, out_dir: Path) -> dict[str, list]:
     """{configuration: [[level dict per level] per repeat]}: the servers side by side, runs interleaved (see the
     module docstring)."""
-    from sglang_kimi.evals.bench import sweep
+    from sglang_kimi.evals.bench import gsm8k_questions, sweep
 
+    questions = gsm8k_questions(cfg.data_dir)  # once for the group (the levels pick from them by seed)
     names = list(configs)
     runs: dict[str, list[list[dict]]] = {name: [[] for _ in range(repeats)] for name in names}
     with ExitStack() as stack:
@@ -112,7 +113,7 @@ def run_group(group: str, configs: dict[str, list[str]], cfg, repeats: int, out_
             for i, c in enumerate(cfg.concurrency):
                 for name in run_order(names, r * len(cfg.concurrency) + i):
                     one = dataclasses.replace(cfg, concurrency=[c])
-                    runs[name][r].extend(sweep(servers[name], one, out_dir, f"{group}-{name}-r{r}"))
+                    runs[name][r].extend(sweep(servers[name], one, out_dir, f"{group}-{name}-r{r}", questions))
                 print(
                     f"  [{group}] repeat {r + 1}/{repeats}, c={c} done ({time.monotonic() - started:.0f} s)", flush=True
                 )
