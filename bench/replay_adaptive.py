@@ -554,6 +554,7 @@ def plugin_policy(
         initial_width=config.initial_width,
         explore_every=config.explore_every,
         hysteresis=config.hysteresis,
+        explore_budget=config.explore_budget,
         **extra,
     )
 

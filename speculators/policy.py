@@ -436,12 +436,16 @@ class WidthPolicy:
         shared equally among the bucket's other widths: a challenger held back by hysteresis costs nothing to
         measure, a width expected to lose half a step waits until its share has grown that much, so a far width
         whose step costs several plain ones (a wide window at a large batch) is revisited rarely without keeping the
-        cheap ones from being revisited, and exploration loses at most ``explore_budget`` of the bucket's time."""
+        cheap ones from being revisited, and exploration loses at most ``explore_budget`` of the bucket's time. An
+        ``explore_budget`` of 1 sets no limit: every due exploration runs, whatever it is expected to lose."""
         others = [w for w in self.widths if w != current]
         far = state.attempts % 3 == 2
         state.attempts += 1
         regrets = {w: self.regret(bucket, current, w) for w in others}
-        affordable = [w for w in others if regrets[w] <= state.allowance.get(w, 0.0)]
+        if self.explore_budget >= 1:  # no limit on what exploring may cost: every due exploration runs
+            affordable = others
+        else:
+            affordable = [w for w in others if regrets[w] <= state.allowance.get(w, 0.0)]
         if far:
             if not affordable:
                 return None
@@ -451,7 +455,7 @@ class WidthPolicy:
             width = max(others, key=lambda w: (rates[w], -w))
             if width not in affordable:
                 return None
-        state.allowance[width] -= regrets[width]
+        state.allowance[width] = state.allowance.get(width, 0.0) - regrets[width]  # none accrued yet: a new bucket
         state.explorations += 1
         return width
 

@@ -41,7 +41,9 @@ pytestmark = pytest.mark.e2e
 
 NUM_PROMPTS = 6
 # Start narrow, so that each bucket that runs switches at least once, whatever widths this machine's costs favour
-FORCED_SWITCHING = {"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 4, 8], "initial_width": 1}
+# every due exploration runs (explore_budget 1: no limit on what it may cost), every other step
+FORCED_SWITCHING = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 4, 8],
+                    "initial_width": 1}  # fmt: skip
 SPECULATORS = {
     "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)],
     "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),

@@ -54,7 +54,9 @@ def tp2_server(request, tmp_path_factory):
     args = KIMI_CPU + TP2 + CONFIGS[request.param]
     if "--speculative-kimi-adaptive" in args:
         root = tmp_path_factory.mktemp("tp2_adaptive")
-        (root / "policy.json").write_text(json.dumps({"explore_every": 2, "hysteresis": 0.0, "buckets": [1, 2]}))
+        # widths switch every other step: every due exploration runs (explore_budget 1: no limit on its cost)
+        forced = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 2]}
+        (root / "policy.json").write_text(json.dumps(forced))
         args += ["--speculative-kimi-adaptive-config", str(root / "policy.json"),
                  "--speculative-kimi-adaptive-profile", str(root / "profile.json")]  # fmt: skip
     server = launch(tmp_path_factory, f"tp2_{request.param}", args)

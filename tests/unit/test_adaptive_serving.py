@@ -31,10 +31,11 @@ def _write(tmp_path, text, name="policy.json"):
 
 
 def test_settings_file_round_trip(tmp_path):
-    path = _write(tmp_path, json.dumps({"widths": [0, 2, 5], "buckets": [1, 8], "explore_every": 4, "hysteresis": 0}))
-    config = load_adaptive_config(path)
+    settings = {"widths": [0, 2, 5], "buckets": [1, 8], "explore_every": 4, "explore_budget": 1, "hysteresis": 0}
+    config = load_adaptive_config(_write(tmp_path, json.dumps(settings)))
     assert config.widths == (0, 2, 5) and config.buckets == (1, 8)
-    assert config.explore_every == 4 and config.hysteresis == 0.0
+    assert config.explore_every == 4 and config.explore_budget == 1.0 and config.hysteresis == 0.0
+    assert AdaptiveConfig().explore_budget is None  # the policy's default, 0.2 / explore_every
     assert config.cost_decay == AdaptiveConfig().cost_decay  # unset keys keep their defaults
     assert load_adaptive_config(None) == AdaptiveConfig()
 
@@ -52,6 +53,8 @@ def test_settings_file_round_trip(tmp_path):
         ('{"explore_every": 1}', ["'explore_every' must be >= 2"]),
         ('{"explore_every": true}', ["'explore_every' must be an integer"]),
         ('{"hysteresis": 1.0}', ["'hysteresis' must be in [0, 1)"]),
+        ('{"explore_budget": 1.5}', ["'explore_budget' must be in [0, 1]"]),
+        ('{"explore_budget": "all"}', ["'explore_budget' must be a number"]),
         ('{"cost_decay": 0}', ["'cost_decay' must be in (0, 1]"]),
         ('{"profile_repeats": 0}', ["'profile_repeats' must be >= 1"]),
     ],

@@ -277,6 +277,54 @@ def test_exploration_loses_at_most_its_budget_where_other_widths_cost_several_st
     assert budgeted < 0.01 < unbounded, (budgeted, unbounded)
 
 
+def test_no_limit_on_the_budget_runs_every_due_exploration():
+    """``explore_budget`` 1 (how the end-to-end tests force widths to switch): every step the schedule marks as due
+    explores, even where each exploration is expected to lose most of a step; the default budget skips most."""
+    widths, batch, steps = list(range(8)), 64, 400
+
+    def explorations(policy: WidthPolicy) -> tuple[int, int]:
+        rng, explored, due = random.Random(5), 0, 0
+        for step in range(1, steps + 1):
+            decision = policy.choose(batch)
+            explored += decision.explore
+            due += policy.acceptance.observed() and policy.exploration_due(step)
+            accepted = [sample_accepted(MISMATCHED, decision.width, rng) for _ in range(batch)]
+            policy.observe(batch, decision.width, accepted, step_seconds(batch, decision.width))
+        return explored, due
+
+    def policy(**kw) -> WidthPolicy:
+        costs = CostTable()
+        for w in widths:
+            costs.set(64, w, step_seconds(64, w))
+        return WidthPolicy(widths, [64], ChainAcceptance(7), costs, **kw)
+
+    explored, due = explorations(policy(explore_budget=1))
+    assert due > 20 and explored >= due
+    budgeted, _ = explorations(policy())
+    assert budgeted < due / 2, (budgeted, due)
+
+
+@pytest.mark.parametrize("budget", [None, 1.0])
+def test_a_new_bucket_can_explore_at_its_first_step(budget):
+    """A bucket's first step may be due to explore (``explore_every`` 2) once another bucket has observed the drafter:
+    nothing has accrued to its widths' allowances yet, and the challenger runs when it can be afforded (with no
+    limit; or, with the default budget, because it is expected to lose nothing: better than the current width, by
+    less than the hysteresis that holds the bucket back)."""
+    widths = [0, 1, 2, 4]
+    costs = CostTable()
+    for bucket in (1, 8):
+        for w, seconds in zip(widths, [0.8, 1.0, 1.3, 1.6]):
+            costs.set(bucket, w, seconds)  # wider commits more per second, by less than the hysteresis of 90%
+    policy = WidthPolicy(widths, [1, 8], ChainAcceptance(4), costs, initial_width=1, explore_every=2,
+                         hysteresis=0.9, explore_budget=budget)  # fmt: skip
+    rng = random.Random(6)
+    for _ in range(6):
+        width = policy.choose(1).width
+        policy.observe(1, width, [sample_accepted(MATCHED, width, rng)], 1.0)
+    decision = policy.choose(8)
+    assert policy.exploration_due(1) and decision.explore and decision.width in widths
+
+
 def test_a_position_beyond_the_running_width_keeps_what_it_last_measured():
     """At a batch of 64, a bucket running 2 drafts observes positions 1..2 every step; positions 3..7, measured
     by one step of 7, must not fade back to the prior meanwhile (a decay per request-step of every position

@@ -3,12 +3,14 @@
 Every key is optional; an unknown key, a wrong type or a value out of range is a start-up error naming the key
 (nothing is silently ignored)::
 
-    {"widths": [0, 1, 2, 3, 7], "buckets": [1, 4, 16], "explore_every": 20, "hysteresis": 0.05,
-     "acceptance_decay": 0.995, "cost_decay": 0.98, "initial_width": 3, "profile_repeats": 2,
+    {"widths": [0, 1, 2, 3, 7], "buckets": [1, 4, 16], "explore_every": 20, "explore_budget": 0.01,
+     "hysteresis": 0.05, "acceptance_decay": 0.995, "cost_decay": 0.98, "initial_width": 3, "profile_repeats": 2,
      "step_costs": "h200-tp8.json"}
 
 ``widths``: the candidate draft widths (chain drafts, tree budgets or EAGLE3 steps; 0 = no speculation);
-``buckets``: batch-size bucket bounds (a batch of B requests uses the first bucket >= B); ``step_costs``: a ``t(B, w)``
+``buckets``: batch-size bucket bounds (a batch of B requests uses the first bucket >= B); ``explore_budget``: the
+share of a bucket's time exploring other widths may lose (default ``0.2 / explore_every``; 1 sets no limit, so every
+due exploration runs); ``step_costs``: a ``t(B, w)``
 table (``bench/bench_step_cost.py``, ``bench/project_kimi.py --step-costs``; a path relative to this file's folder)
 used as the start-up profile instead of timing dummy forwards (``profile.py`` says when one is refused).
 """
@@ -32,6 +34,7 @@ class AdaptiveConfig:
     widths: tuple[int, ...] | None = None  # None: every width the mode allows
     buckets: tuple[int, ...] | None = None  # None: powers of two up to the server's max running requests
     explore_every: int = 20  # one step in explore_every tries a neighbouring width (<= 5% by default)
+    explore_budget: float | None = None  # share of time exploring may lose; None: 0.2 / explore_every; 1: no limit
     hysteresis: float = 0.05  # a new width must beat the current one's expected rate by this fraction
     acceptance_decay: float = 0.995  # per observed request-step
     cost_decay: float = 0.98  # per observed step
@@ -92,7 +95,7 @@ def load_adaptive_config(path: str | None) -> AdaptiveConfig:
                 "bench/project_kimi.py --step-costs (a relative path is read from this file's folder)"
             )
         values["step_costs"] = str(file)
-    for name in ("hysteresis", "acceptance_decay", "cost_decay"):
+    for name in ("hysteresis", "acceptance_decay", "cost_decay", "explore_budget"):
         if name in raw:
             v = raw[name]
             if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -106,6 +109,8 @@ def load_adaptive_config(path: str | None) -> AdaptiveConfig:
         problems.append(f"'buckets' must be distinct and >= 1, got {list(config.buckets)}")
     if config.explore_every < 2:
         problems.append(f"'explore_every' must be >= 2 (a share of 1 / explore_every), got {config.explore_every}")
+    if config.explore_budget is not None and not 0 <= config.explore_budget <= 1:
+        problems.append(f"'explore_budget' must be in [0, 1] (1: no limit), got {config.explore_budget}")
     if not 0 <= config.hysteresis < 1:
         problems.append(f"'hysteresis' must be in [0, 1), got {config.hysteresis}")
     for name in ("acceptance_decay", "cost_decay"):

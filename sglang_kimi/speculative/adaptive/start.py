@@ -114,6 +114,7 @@ def start_runtime(
         initial_width=config.initial_width,
         explore_every=config.explore_every,
         hysteresis=config.hysteresis,
+        explore_budget=config.explore_budget,
     )
     runtime = AdaptiveRuntime(
         policy,
