@@ -250,6 +250,14 @@ def test_the_first_steps_run_the_initial_width_until_the_drafter_is_observed():
     assert policy.choose(1).width == 16 and policy.state[1].switches == 0
 
 
+def field_case_at_64(**kw) -> WidthPolicy:
+    """Chains of 0..7 at batch 64, profiled with their true step costs (``kw``: WidthPolicy settings)."""
+    costs = CostTable()
+    for w in range(8):
+        costs.set(64, w, step_seconds(64, w))
+    return WidthPolicy(list(range(8)), [64], ChainAcceptance(7), costs, **kw)
+
+
 def test_exploration_loses_at_most_its_budget_where_other_widths_cost_several_steps():
     """The field case at batch 64: no speculation is best and a chain of 7 costs several plain steps. Exploring
     at every step the schedule allows (1 in 20, a far width every third time) loses ~2% here; the budget (1% of the
@@ -267,20 +275,14 @@ def test_exploration_loses_at_most_its_budget_where_other_widths_cost_several_st
         assert ran == set(widths)
         return seconds / (steps * step_seconds(batch, 0)) - 1  # time per committed token over width 0's
 
-    def policy(**kw) -> WidthPolicy:
-        costs = CostTable()
-        for w in widths:
-            costs.set(64, w, step_seconds(64, w))
-        return WidthPolicy(widths, [64], ChainAcceptance(7), costs, **kw)
-
-    budgeted, unbounded = lost(policy()), lost(policy(explore_budget=1.0))
+    budgeted, unbounded = lost(field_case_at_64()), lost(field_case_at_64(explore_budget=1.0))
     assert budgeted < 0.01 < unbounded, (budgeted, unbounded)
 
 
 def test_no_limit_on_the_budget_runs_every_due_exploration():
     """``explore_budget`` 1 (how the end-to-end tests force widths to switch): every step the schedule marks as due
     explores, even where each exploration is expected to lose most of a step; the default budget skips most."""
-    widths, batch, steps = list(range(8)), 64, 400
+    batch, steps = 64, 400
 
     def explorations(policy: WidthPolicy) -> tuple[int, int]:
         rng, explored, due = random.Random(5), 0, 0
@@ -292,15 +294,9 @@ def test_no_limit_on_the_budget_runs_every_due_exploration():
             policy.observe(batch, decision.width, accepted, step_seconds(batch, decision.width))
         return explored, due
 
-    def policy(**kw) -> WidthPolicy:
-        costs = CostTable()
-        for w in widths:
-            costs.set(64, w, step_seconds(64, w))
-        return WidthPolicy(widths, [64], ChainAcceptance(7), costs, **kw)
-
-    explored, due = explorations(policy(explore_budget=1))
+    explored, due = explorations(field_case_at_64(explore_budget=1))
     assert due > 20 and explored >= due
-    budgeted, _ = explorations(policy())
+    budgeted, _ = explorations(field_case_at_64())
     assert budgeted < due / 2, (budgeted, due)
 
 
