@@ -531,8 +531,8 @@ def plugin_policy(
     ``eagle.start_eagle_adaptive``): the acceptance estimate of the family, the profiled cost table, the settings
     of ``AdaptiveConfig()``. ``overrides``: settings to change (``AdaptiveConfig`` fields, or ``WidthPolicy``
     keywords the settings file does not carry), for the sweep."""
-    from sglang_kimi.speculative.adaptive.config import AdaptiveConfig
-    from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, TreeAcceptance, WidthPolicy
+    from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, width_policy
+    from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, TreeAcceptance
 
     overrides = dict(overrides or {})
     known = {f.name for f in dataclasses.fields(AdaptiveConfig)}
@@ -546,17 +546,7 @@ def plugin_policy(
     for bucket, row in profile.items():
         for width, seconds in row.items():
             costs.set(bucket, width, seconds)
-    return WidthPolicy(
-        list(widths),
-        list(buckets),
-        acceptance,
-        costs,
-        initial_width=config.initial_width,
-        explore_every=config.explore_every,
-        hysteresis=config.hysteresis,
-        explore_budget=config.explore_budget,
-        **extra,
-    )
+    return width_policy(config, widths, buckets, acceptance, costs, **extra)
 
 
 class Policy:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.speculators.policy import WidthPolicy
 
 
 class AdaptiveConfigError(SpeculativeConfigError):
@@ -191,3 +192,19 @@ def write_eagle_candidate_steps(widths) -> Path:
             "point XDG_CACHE_HOME at a writable directory"
         ) from e
     return path
+
+
+def width_policy(config: AdaptiveConfig, widths, buckets, acceptance, costs, **overrides) -> WidthPolicy:
+    """The policy a server runs over ``acceptance`` and ``costs`` with the settings of ``config``; ``overrides``:
+    further ``WidthPolicy`` keywords (the replay bench's sweep)."""
+    return WidthPolicy(
+        list(widths),
+        list(buckets),
+        acceptance,
+        costs,
+        initial_width=config.initial_width,
+        explore_every=config.explore_every,
+        hysteresis=config.hysteresis,
+        explore_budget=config.explore_budget,
+        **overrides,
+    )

@@ -18,7 +18,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
-from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, AdaptiveConfigError, default_buckets
+from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, AdaptiveConfigError, default_buckets, width_policy
 from sglang_kimi.speculative.adaptive.profile import (
     StepCostsError,
     config_digest,
@@ -30,7 +30,7 @@ from sglang_kimi.speculative.adaptive.profile import (
     write_profile,
 )
 from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime, set_current
-from sglang_kimi.speculators.policy import CostTable, WidthPolicy
+from sglang_kimi.speculators.policy import CostTable
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -106,16 +106,7 @@ def start_runtime(
         for width, (seconds, steps) in row.items():
             if bucket in buckets and width in widths:
                 costs.restore(bucket, width, seconds, steps)
-    policy = WidthPolicy(
-        widths,
-        buckets,
-        acceptance,
-        costs,
-        initial_width=config.initial_width,
-        explore_every=config.explore_every,
-        hysteresis=config.hysteresis,
-        explore_budget=config.explore_budget,
-    )
+    policy = width_policy(config, widths, buckets, acceptance, costs)
     runtime = AdaptiveRuntime(
         policy,
         label,
