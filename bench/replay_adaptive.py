@@ -531,17 +531,14 @@ def plugin_policy(
     ``eagle.start_eagle_adaptive``): the acceptance estimate of the family, the profiled cost table, the settings
     of ``AdaptiveConfig()``. ``overrides``: settings to change (``AdaptiveConfig`` fields, or ``WidthPolicy``
     keywords the settings file does not carry), for the sweep."""
-    from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, width_policy
-    from sglang_kimi.speculators.policy import ChainAcceptance, CostTable, TreeAcceptance
+    from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, acceptance_estimate, width_policy
+    from sglang_kimi.speculators.policy import CostTable
 
     overrides = dict(overrides or {})
     known = {f.name for f in dataclasses.fields(AdaptiveConfig)}
     config = dataclasses.replace(AdaptiveConfig(), **{k: v for k, v in overrides.items() if k in known})
     extra = {k: v for k, v in overrides.items() if k not in known}
-    if family == "chain":
-        acceptance = ChainAcceptance(max(widths), decay=config.acceptance_decay)
-    else:
-        acceptance = TreeAcceptance(widths, decay=config.acceptance_decay)
+    acceptance = acceptance_estimate(config, family == "chain", widths)
     costs = CostTable(decay=config.cost_decay)
     for bucket, row in profile.items():
         for width, seconds in row.items():

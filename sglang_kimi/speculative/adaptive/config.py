@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sglang_kimi.options import SpeculativeConfigError
-from sglang_kimi.speculators.policy import WidthPolicy
+from sglang_kimi.speculators.policy import ChainAcceptance, TreeAcceptance, WidthPolicy
 
 
 class AdaptiveConfigError(SpeculativeConfigError):
@@ -192,6 +192,14 @@ def write_eagle_candidate_steps(widths) -> Path:
             "point XDG_CACHE_HOME at a writable directory"
         ) from e
     return path
+
+
+def acceptance_estimate(config: AdaptiveConfig, chain: bool, widths):
+    """The acceptance estimate a server's policy learns: per draft position for chains (DFLASH or EAGLE3), per
+    budget for DFLASH trees, decaying at ``config.acceptance_decay``."""
+    if chain:
+        return ChainAcceptance(max(widths), decay=config.acceptance_decay)
+    return TreeAcceptance(widths, decay=config.acceptance_decay)
 
 
 def width_policy(config: AdaptiveConfig, widths, buckets, acceptance, costs, **overrides) -> WidthPolicy:

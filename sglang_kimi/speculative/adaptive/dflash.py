@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_kimi.speculative.adaptive.config import load_adaptive_config
+from sglang_kimi.speculative.adaptive.config import acceptance_estimate, load_adaptive_config
 from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime
 from sglang_kimi.speculative.adaptive.start import (
     dummy_batch,
@@ -26,7 +26,6 @@ from sglang_kimi.speculative.adaptive.start import (
     start_runtime,
     verify_forward,
 )
-from sglang_kimi.speculators.policy import ChainAcceptance, TreeAcceptance
 
 
 def start_adaptive(worker, args) -> AdaptiveRuntime:
@@ -36,8 +35,7 @@ def start_adaptive(worker, args) -> AdaptiveRuntime:
     return start_runtime(
         worker,
         f"DFLASH {mode}",
-        lambda widths: (ChainAcceptance(max(widths), decay=config.acceptance_decay) if chain
-                        else TreeAcceptance(widths, decay=config.acceptance_decay)),
+        lambda widths: acceptance_estimate(config, chain, widths),
         config,
         tuple(args.adaptive_widths),
         (mode, worker.block_size),

@@ -25,10 +25,9 @@ import torch
 
 from sglang_kimi.hooks import hook
 from sglang_kimi.options import plugin_args
-from sglang_kimi.speculative.adaptive.config import load_adaptive_config
+from sglang_kimi.speculative.adaptive.config import acceptance_estimate, load_adaptive_config
 from sglang_kimi.speculative.adaptive.eagle_policy import EagleStepsPolicy
 from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime, tag_step
-from sglang_kimi.speculators.policy import ChainAcceptance
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -55,7 +54,7 @@ def start_eagle_adaptive(worker) -> AdaptiveRuntime:
         runtime = start_runtime(
             worker,
             "EAGLE3 chain",
-            lambda ws: ChainAcceptance(max(ws), decay=config.acceptance_decay),
+            lambda ws: acceptance_estimate(config, True, ws),
             config,
             widths,
             ("eagle3-chain", 0),
