@@ -37,3 +37,14 @@ def cpu_sglang_child(request, tmp_path_factory):
         if "cpu_sglang_child" in item.fixturenames
     }
     return CpuSglangChild(files, tmp_path_factory.mktemp("cpu_sglang_child"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_pool(request, tmp_path_factory):
+    """The session's SGLang servers (``support.servers.ServerPool``): those the selected e2e modules list in their
+    ``SERVERS``, the first started while the tests before them run."""
+    from support.servers import ServerPool, session_plan
+
+    pool = ServerPool(tmp_path_factory, *session_plan(request.session.items))
+    yield pool
+    pool.stop_all()

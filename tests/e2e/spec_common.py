@@ -22,6 +22,7 @@ from sglang_kimi.cli.server import ASSETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 from support.data import GSM8K_DIR  # noqa: E402
+from support.servers import server_config  # noqa: E402
 from support.stats import uniform_pvalue  # noqa: E402
 
 TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
@@ -40,6 +41,11 @@ EAGLE3_TREE = [
     "--enable-custom-logit-processor",
 ]  # fmt: skip
 SHARED_TREES = {"dflash-tree-32": DFLASH_TREE, "eagle3-tree": EAGLE3_TREE}
+# The servers several modules share (support.servers.ServerPool): the non-speculative reference and the two trees
+TINY = server_config("tiny", ["--disable-overlap-schedule", "--enable-custom-logit-processor"])
+TREE_SERVERS = {
+    name: server_config(name, KIMI_CPU + ["--enable-metrics"] + args) for name, args in SHARED_TREES.items()
+}
 
 if str(REPO / "scripts") not in sys.path:
     sys.path.insert(0, str(REPO / "scripts"))  # _drafter_common: the tau benchmark's cached target
@@ -55,10 +61,10 @@ def gsm8k_prompts(limit: int) -> tuple[str, ...]:
     return tuple(f"Question: {q}\nAnswer:" for q in questions)
 
 
-def shared_tree_server(shared_servers, name: str):
-    """The session's server for ``SHARED_TREES[name]`` (with ``--enable-metrics``); its counters include the
-    requests of every module that used it before."""
-    return shared_servers.get(name, KIMI_CPU + ["--enable-metrics"] + SHARED_TREES[name])
+def shared_tree_server(server_pool, request, name: str):
+    """The session's server for ``SHARED_TREES[name]`` (with ``--enable-metrics``; the module lists
+    ``TREE_SERVERS[name]``); its counters include the requests of every module that used it before."""
+    return server_pool.get(TREE_SERVERS[name], request)
 
 
 def generate(

@@ -25,6 +25,7 @@ import pytest
 import requests
 from spec_common import (
     KIMI_CPU,
+    TINY,
     TRAINED_DFLASH,
     TRAINED_EAGLE3,
     check_greedy_parity,
@@ -32,9 +33,7 @@ from spec_common import (
     gsm8k_prompts,
     sampled_pit_pvalue,
 )
-from support.servers import launch
-
-from sglang_kimi.cli.server import group_alive
+from support.servers import server_config
 
 pytestmark = pytest.mark.e2e
 
@@ -63,21 +62,27 @@ def reference(tiny_server, prompts):
     return greedy_reference(tiny_server.base_url, prompts)
 
 
+# adaptive chains with the forced-switching policy, started over a stale profile file
+ADAPTIVE = {
+    name: server_config(
+        f"adaptive-{name}",
+        KIMI_CPU + ["--enable-metrics"] + args + [
+            "--speculative-kimi-adaptive",
+            "--speculative-kimi-adaptive-config", "{dir}/policy.json",
+            "--speculative-kimi-adaptive-profile", "{dir}/profile.json",
+        ],
+        files={"policy.json": json.dumps(FORCED_SWITCHING), "profile.json": json.dumps(STALE_PROFILE)},
+    )
+    for name, args in sorted(SPECULATORS.items())
+}  # fmt: skip
+SERVERS = [TINY, *ADAPTIVE.values()]
+
+
 @pytest.fixture(scope="module", params=sorted(SPECULATORS))
-def adaptive_server(request, tmp_path_factory):
-    """Adaptive chains with the forced-switching policy, started over a stale profile file."""
-    root = tmp_path_factory.mktemp("adaptive")
-    (root / "policy.json").write_text(json.dumps(FORCED_SWITCHING))
-    (root / "profile.json").write_text(json.dumps(STALE_PROFILE))
-    name = request.param
-    server = launch(tmp_path_factory, f"adaptive-{name}", KIMI_CPU + ["--enable-metrics"] + SPECULATORS[name] + [
-        "--speculative-kimi-adaptive",
-        "--speculative-kimi-adaptive-config", str(root / "policy.json"),
-        "--speculative-kimi-adaptive-profile", str(root / "profile.json"),
-    ])  # fmt: skip
-    yield server
-    server.stop()
-    assert not group_alive(server.pgid), "the server left processes behind"
+def adaptive_server(request, server_pool):
+    config = ADAPTIVE[request.param]
+    yield server_pool.get(config, request)
+    server_pool.stop(config)
 
 
 def adaptive_state(url: str) -> dict:

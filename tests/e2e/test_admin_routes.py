@@ -25,10 +25,9 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TRAINED_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
-from support.servers import launch
+from spec_common import KIMI_CPU, TINY, TRAINED_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
+from support.servers import launch, server_config
 
-from sglang_kimi.cli.server import group_alive
 from sglang_kimi.models import tiny
 
 pytestmark = pytest.mark.e2e
@@ -43,12 +42,14 @@ SHORT = 48
 RACE_ROUNDS = 30  # an update sent while a request decodes: SGLang alone refused 4 in 10 of them
 
 
+ADMIN_TREE = server_config("admin-tree", TREE)
+SERVERS = [ADMIN_TREE, TINY]
+
+
 @pytest.fixture(scope="module")
-def tree_server(tmp_path_factory):
-    server = launch(tmp_path_factory, "admin-tree", TREE)
-    yield server
-    server.stop()
-    assert not group_alive(server.pgid), "the server left processes behind"
+def tree_server(request, server_pool):
+    yield server_pool.get(ADMIN_TREE, request)
+    server_pool.stop(ADMIN_TREE)
 
 
 @pytest.fixture(scope="module")

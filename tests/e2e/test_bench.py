@@ -5,12 +5,14 @@ import json
 from pathlib import Path
 
 import pytest
+from spec_common import TINY
 from support.data import GSM8K_DIR
 
 from sglang_kimi.cli import main as cli
 from sglang_kimi.cli.server import ASSETS_DIR
 
 pytestmark = pytest.mark.e2e
+SERVERS = [TINY]
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = GSM8K_DIR

@@ -8,7 +8,7 @@ encoded wrongly would rarely be accepted past the first token.
 
 import pytest
 from spec_common import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts
-from support.servers import launch
+from support.servers import server_config
 
 from sglang_kimi.cli.server import fetch_plugin_state
 
@@ -17,11 +17,14 @@ pytestmark = pytest.mark.e2e
 NEW_TOKENS = 48
 
 
+BF16_TREE = server_config("dflash-tree-bf16", KIMI_CPU + DFLASH_TREE + ["--dtype", "bfloat16"])
+SERVERS = [BF16_TREE]
+
+
 @pytest.fixture(scope="module")
-def bf16_tree_server(tmp_path_factory):
-    server = launch(tmp_path_factory, "dflash-tree-bf16", KIMI_CPU + DFLASH_TREE + ["--dtype", "bfloat16"])
-    yield server
-    server.stop()
+def bf16_tree_server(request, server_pool):
+    yield server_pool.get(BF16_TREE, request)
+    server_pool.stop(BF16_TREE)
 
 
 def test_bfloat16_dflash_tree_serves_with_the_drafter_accepted(bf16_tree_server):

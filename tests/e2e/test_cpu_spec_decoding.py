@@ -54,8 +54,10 @@ from spec_common import (
     EAGLE3_TREE,
     KIMI_CPU,
     SHARED_TREES,
+    TINY,
     TRAINED_DFLASH,
     TRAINED_EAGLE3,
+    TREE_SERVERS,
     check_greedy_parity,
     conditionals,
     generate,
@@ -72,11 +74,10 @@ from spec_common import (
     spec_metrics,
 )
 from support.processors import serialized
-from support.servers import launch as launch_server
+from support.servers import server_config
 
 from sglang_kimi.cli.server import (
     fetch_plugin_state,
-    group_alive,
 )
 
 pytestmark = pytest.mark.e2e
@@ -116,24 +117,30 @@ CONFIGS = {
 }  # fmt: skip
 
 
-def launch(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None):
-    return launch_server(tmp_path_factory, name, KIMI_CPU + ["--enable-metrics"] + args, env)
+OWN_SERVERS = {
+    name: server_config(name, KIMI_CPU + ["--enable-metrics"] + args)
+    for name, (args, _, _) in CONFIGS.items()
+    if name not in SHARED_TREES
+}
+GREEDY_VERIFY = server_config(
+    "greedy_verify", KIMI_CPU + ["--enable-metrics"] + DFLASH_TREE, env={"SGLANG_KIMI_DEBUG_GREEDY_VERIFY": "1"}
+)
+SERVERS = [TINY, *(OWN_SERVERS.get(name) or TREE_SERVERS[name] for name in CONFIGS), GREEDY_VERIFY]
 
 
 @pytest.fixture(scope="module")
-def spec_server(request, tmp_path_factory, shared_servers):
+def spec_server(request, server_pool):
     """One speculative server per configuration (the parameter): the session's for a tree, otherwise stopped
     before the next one starts."""
     if request.param in SHARED_TREES:
-        server = shared_tree_server(shared_servers, request.param)
+        server = shared_tree_server(server_pool, request, request.param)
         server.config = request.param
         yield server
         return
-    server = launch(tmp_path_factory, request.param, CONFIGS[request.param][0])
+    server = server_pool.get(OWN_SERVERS[request.param], request)
     server.config = request.param
     yield server
-    server.stop()
-    assert not group_alive(server.pgid), "the server left processes behind"
+    server_pool.stop(OWN_SERVERS[request.param])
 
 
 def in_flight(run, names, prompts) -> dict[str, list]:
@@ -545,13 +552,12 @@ def test_penalised_sampling_follows_the_penalised_target_distribution(spec_serve
     assert repeats >= SAMPLED_REQUESTS * PENALISED_TOKENS // 4, f"only {repeats} outputs repeat an earlier one"
 
 
-def test_the_sampling_test_fails_when_verification_is_made_greedy(tmp_path_factory, prompts):
-    server = launch(tmp_path_factory, "greedy_verify", CONFIGS["dflash-tree-32"][0],
-                    env={"SGLANG_KIMI_DEBUG_GREEDY_VERIFY": "1"})  # fmt: skip
+def test_the_sampling_test_fails_when_verification_is_made_greedy(request, server_pool, prompts):
+    server = server_pool.get(GREEDY_VERIFY, request)
     try:
         pvalue, _, _ = sampled_pit_pvalue(server.base_url, prompts[0], SAMPLED_REQUESTS, SAMPLED_TOKENS, TOP_P)
     finally:
-        server.stop()
+        server_pool.stop(GREEDY_VERIFY)
     print(f"greedy verify: PIT chi-square p-value {pvalue:.3g}")
     assert pvalue < 1e-3, f"greedily verified samples passed the distribution test (p = {pvalue:.3g})"
 

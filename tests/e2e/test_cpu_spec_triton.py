@@ -14,11 +14,13 @@ from __future__ import annotations
 import pytest
 import requests
 import torch
+from spec_common import TINY
 
 from sglang_kimi.cli.demo import mode_args
 from sglang_kimi.cli.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
 
 pytestmark = pytest.mark.e2e
+SERVERS = [TINY]
 
 PROMPT = (
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from spec_common import shared_tree_server
+from spec_common import TINY, TREE_SERVERS, shared_tree_server
 from support.data import GSM8K_DIR
 from support.fake_servers import serve
 
@@ -23,6 +23,7 @@ from sglang_kimi.cli.server import ANY_PORT, TINY_MODEL, start_server
 from sglang_kimi.evals.servers import PROBE_TEXT
 
 pytestmark = pytest.mark.e2e
+SERVERS = [TINY, TREE_SERVERS["dflash-tree-32"]]
 
 DATA_DIR = GSM8K_DIR
 LIMIT, SEEDS = 8, 2
@@ -112,8 +113,8 @@ def _report(out_dir: Path) -> tuple[dict, str]:
     return json.loads((out_dir / "gsm8k_gate.json").read_text()), (out_dir / "gsm8k_gate.md").read_text()
 
 
-def test_gate_passes_for_a_dflash_tree_candidate(tiny_server, shared_servers, tmp_path, capsys):
-    candidate = shared_tree_server(shared_servers, "dflash-tree-32")
+def test_gate_passes_for_a_dflash_tree_candidate(request, tiny_server, server_pool, tmp_path, capsys):
+    candidate = shared_tree_server(server_pool, request, "dflash-tree-32")
     code = run_gate(tiny_server.base_url, candidate.base_url, tmp_path)
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]

@@ -25,9 +25,9 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, spec_metrics
+from spec_common import KIMI_CPU, TINY, TRAINED_DFLASH, generate_all, gsm8k_prompts, spec_metrics
 from support.processes import children
-from support.servers import launch
+from support.servers import server_config
 
 from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
@@ -47,17 +47,21 @@ POOL_TOKENS = 480  # 8 requests of ~60 prompt + 32 new tokens (+ a 17-token veri
 # 0.7 x conservativeness. At 0.05 it admits nearly as many requests as the prompts alone allow, so decoding runs
 # out of pages and must retract whatever order the requests arrive in (at 1.0 it may queue them and never retract).
 CONSERVATIVENESS = "0.05"
+KV_PRESSURE = server_config(
+    "kv_pressure",
+    dflash_tree() + ["--max-total-tokens", str(POOL_TOKENS), "--schedule-conservativeness", CONSERVATIVENESS],
+)
+SERVERS = [TINY, KV_PRESSURE]
 
 
-def test_kv_pressure_retracts_and_keeps_greedy_parity(tmp_path_factory, tiny_server):
+def test_kv_pressure_retracts_and_keeps_greedy_parity(request, server_pool, tiny_server):
     prompts = gsm8k_prompts(PRESSURE_PROMPTS)
     reference = generate_all(tiny_server.base_url, prompts, len(prompts), max_new_tokens=PRESSURE_TOKENS)
-    pressure = ["--max-total-tokens", str(POOL_TOKENS), "--schedule-conservativeness", CONSERVATIVENESS]
-    server = launch(tmp_path_factory, "kv_pressure", dflash_tree() + pressure)
+    server = server_pool.get(KV_PRESSURE, request)
     try:
         outputs = generate_all(server.base_url, prompts, PRESSURE_PROMPTS, max_new_tokens=PRESSURE_TOKENS)
     finally:
-        server.stop()
+        server_pool.stop(KV_PRESSURE)
     retractions = sum(o["meta_info"].get("num_retractions", 0) for o in outputs)
     print(f"KV pool of {POOL_TOKENS} tokens: {retractions} retractions over {PRESSURE_PROMPTS} requests")
     assert retractions > 0, "the pool was large enough: no request was retracted, the test tests nothing"

@@ -5,12 +5,13 @@ for and writes its trace where the script looks; the profiled requests are then 
 from __future__ import annotations
 
 import pytest
-from spec_common import shared_tree_server
+from spec_common import TINY, TREE_SERVERS, shared_tree_server
 from support.repo_scripts import load_script
 
 from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
 
 pytestmark = pytest.mark.e2e
+SERVERS = [TINY, TREE_SERVERS["dflash-tree-32"]]
 
 
 def test_profile_reads_the_trace_of_the_profiled_steps(tiny_server, tmp_path):
@@ -27,8 +28,8 @@ PHASES = {"plan", "draft_forward", "draft_rank", "tree_build", "verify_prepare",
           "draft_kv_append"}  # fmt: skip
 
 
-def test_profile_of_the_tree_worker_has_each_step_phase(shared_servers, tmp_path):
-    server = shared_tree_server(shared_servers, "dflash-tree-32")
+def test_profile_of_the_tree_worker_has_each_step_phase(request, server_pool, tmp_path):
+    server = shared_tree_server(server_pool, request, "dflash-tree-32")
     check = load_script("scripts/gpu_serve_check.py")
     prompts = [gsm8k_prompt(q) for q in load_questions()][:2]
     result = check.profile(server.base_url, prompts, tmp_path / "profile", 4, 2, check.PROFILE_MAX_NEW_TOKENS)

@@ -10,18 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from spec_common import gsm8k_prompts
-from support.servers import launch
+from spec_common import TINY, gsm8k_prompts
+from support.servers import server_config
 
 PENALISED = {"frequency_penalty": 0.5, "repetition_penalty": 1.3, "min_new_tokens": 4}
 CONSTRAINED = {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})}
 
 
+NGRAM = server_config("ngram", ["--speculative-algorithm", "NGRAM"])
+SERVERS = [NGRAM, TINY]
+
+
 @pytest.fixture(scope="module")
-def ngram_server(tmp_path_factory):
-    server = launch(tmp_path_factory, "ngram", ["--speculative-algorithm", "NGRAM"])
-    yield server
-    server.stop()
+def ngram_server(request, server_pool):
+    yield server_pool.get(NGRAM, request)
+    server_pool.stop(NGRAM)
 
 
 def generate(url: str, prompt: str, **sampling) -> list[int]:

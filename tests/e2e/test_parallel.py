@@ -23,9 +23,17 @@ import time
 
 import pytest
 import requests
-from spec_common import EAGLE3_TREE, KIMI_CPU, TRAINED_DFLASH, generate_all, gsm8k_prompts, sampled_pit_pvalue
+from spec_common import (
+    EAGLE3_TREE,
+    KIMI_CPU,
+    TINY,
+    TRAINED_DFLASH,
+    generate_all,
+    gsm8k_prompts,
+    sampled_pit_pvalue,
+)
 from support.processes import cpu_seconds, titled
-from support.servers import launch
+from support.servers import server_config
 
 from sglang_kimi.cli.dp_reports import reports
 from sglang_kimi.cli.server import fetch_plugin_state, group_members
@@ -49,20 +57,31 @@ def tp1_outputs(tiny_server):
     return prompts, [o["output_ids"] for o in generate_all(tiny_server.base_url, prompts, 1, max_new_tokens=TOKENS)]
 
 
+# widths switch every other step: every due exploration runs (explore_budget 1: no limit on its cost)
+FORCED = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 2]}
+ADAPTIVE_FILES = ["--speculative-kimi-adaptive-config", "{dir}/policy.json",
+                  "--speculative-kimi-adaptive-profile", "{dir}/profile.json"]  # fmt: skip
+TP2_SERVERS = {
+    name: server_config(
+        f"tp2_{name}",
+        KIMI_CPU + TP2 + args + (ADAPTIVE_FILES if "--speculative-kimi-adaptive" in args else []),
+        files={"policy.json": json.dumps(FORCED)} if "--speculative-kimi-adaptive" in args else None,
+    )
+    for name, args in CONFIGS.items()
+}
+DP2 = server_config(
+    "dp2_dflash_tree", KIMI_CPU + ["--dp-size", "2"] + DFLASH + ["--speculative-dflash-tree-budget", "16"]
+)
+PP2 = server_config("pp2_autoregressive", KIMI_CPU + ["--pp-size", "2"])
+SERVERS = [TINY, *TP2_SERVERS.values(), DP2, PP2]
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def tp2_server(request, tmp_path_factory):
-    args = KIMI_CPU + TP2 + CONFIGS[request.param]
-    if "--speculative-kimi-adaptive" in args:
-        root = tmp_path_factory.mktemp("tp2_adaptive")
-        # widths switch every other step: every due exploration runs (explore_budget 1: no limit on its cost)
-        forced = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 2]}
-        (root / "policy.json").write_text(json.dumps(forced))
-        args += ["--speculative-kimi-adaptive-config", str(root / "policy.json"),
-                 "--speculative-kimi-adaptive-profile", str(root / "profile.json")]  # fmt: skip
-    server = launch(tmp_path_factory, f"tp2_{request.param}", args)
+def tp2_server(request, server_pool):
+    server = server_pool.get(TP2_SERVERS[request.param], request)
     server.config = request.param
     yield server
-    server.stop()
+    server_pool.stop(TP2_SERVERS[request.param])
 
 
 def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
@@ -103,10 +122,9 @@ def idle_controller_cpu(server, wait_s: float = 2.0) -> float:
     return (cpu_seconds(pid) - before) / wait_s
 
 
-def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1_outputs):
+def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(request, server_pool, tp1_outputs):
     prompts, expected = tp1_outputs
-    args = KIMI_CPU + ["--dp-size", "2"] + DFLASH + ["--speculative-dflash-tree-budget", "16"]
-    server = launch(tmp_path_factory, "dp2_dflash_tree", args)
+    server = server_pool.get(DP2, request)
     try:
         # all in flight at once, round-robin over the two ranks: both ranks serve
         outputs = generate_all(server.base_url, prompts, len(prompts), max_new_tokens=TOKENS)
@@ -128,16 +146,16 @@ def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(tmp_path_factory, tp1
         assert share < 0.2, f"the idle data-parallel controller uses {share:.0%} of a core"
         assert merged["registrations"]["dp-controller-waits"] == "ok"
     finally:
-        server.stop()
+        server_pool.stop(DP2)
 
 
-def test_pp2_greedy_equals_tp1(tmp_path_factory, tp1_outputs):
+def test_pp2_greedy_equals_tp1(request, server_pool, tp1_outputs):
     prompts, expected = tp1_outputs
-    server = launch(tmp_path_factory, "pp2_autoregressive", KIMI_CPU + ["--pp-size", "2"])
+    server = server_pool.get(PP2, request)
     try:
         outputs = generate_all(server.base_url, prompts[:2], 2, max_new_tokens=TOKENS)
         for i, (out, ref) in enumerate(zip(outputs, expected)):
             assert out["output_ids"] == ref, f"PP 2: prompt {i} differs from TP 1"
         check_ranks_on_their_own_cores(server)
     finally:
-        server.stop()
+        server_pool.stop(PP2)

@@ -21,13 +21,15 @@ from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsPro
 from spec_common import (
     DFLASH_TREE,
     KIMI_CPU,
+    TINY,
+    TREE_SERVERS,
     generate_all,
     gsm8k_prompts,
     hf_model,
     shared_tree_server,
     spec_metrics,
 )
-from support.servers import launch
+from support.servers import server_config
 
 from sglang_kimi.cli.server import TINY_MODEL
 
@@ -39,8 +41,8 @@ BAN_PROCESSOR = DisallowedTokensLogitsProcessor.to_str()
 
 
 @pytest.fixture(scope="module")
-def tree_server(shared_servers):
-    return shared_tree_server(shared_servers, "dflash-tree-32")
+def tree_server(request, server_pool):
+    return shared_tree_server(server_pool, request, "dflash-tree-32")
 
 
 def body(max_new_tokens: int = 8, **sampling) -> dict:
@@ -504,19 +506,18 @@ def test_a_body_failing_its_schema_gets_one_line_naming_the_field(tree_server):
 SMALL_POOL = 600  # KV tokens: less than the context, so one request can fill the pool
 
 
+# A DFLASH-tree server with a small KV pool, which also serves streaming sessions (they only act for a session
+# opened as one)
+SMALL_POOL_TREE = server_config(
+    "tree-small-pool",
+    DFLASH_TREE + ["--max-total-tokens", str(SMALL_POOL), "--enable-streaming-session", "--disable-overlap-schedule"],
+)
+
+
 @pytest.fixture(scope="module")
-def small_pool_tree_server(tmp_path_factory):
-    """A DFLASH-tree server with a small KV pool, which also serves streaming sessions (they only act for a session
-    opened as one)."""
-    args = DFLASH_TREE + [
-        "--max-total-tokens",
-        str(SMALL_POOL),
-        "--enable-streaming-session",
-        "--disable-overlap-schedule",
-    ]
-    server = launch(tmp_path_factory, "tree-small-pool", args)
-    yield server
-    server.stop()
+def small_pool_tree_server(request, server_pool):
+    yield server_pool.get(SMALL_POOL_TREE, request)
+    server_pool.stop(SMALL_POOL_TREE)
 
 
 def test_requests_that_fill_a_small_kv_pool(small_pool_tree_server, tiny_server):
@@ -638,12 +639,17 @@ def test_sampling_mask_of_tree_verify_is_the_targets(tree_server, tiny_server, t
     assert serves(tree_server.base_url)
 
 
+# A DFLASH-tree server that takes input_embeds (SGLang serves them only without the radix cache)
+EMBEDS_TREE = server_config("dflash-tree-embeds", KIMI_CPU + DFLASH_TREE + ["--disable-radix-cache"])
+
+
 @pytest.fixture(scope="module")
-def embeds_server(tmp_path_factory):
-    """A DFLASH-tree server that takes input_embeds (SGLang serves them only without the radix cache)."""
-    server = launch(tmp_path_factory, "dflash-tree-embeds", KIMI_CPU + DFLASH_TREE + ["--disable-radix-cache"])
-    yield server
-    server.stop()
+def embeds_server(request, server_pool):
+    yield server_pool.get(EMBEDS_TREE, request)
+    server_pool.stop(EMBEDS_TREE)
+
+
+SERVERS = [TREE_SERVERS["dflash-tree-32"], TINY, SMALL_POOL_TREE, EMBEDS_TREE, TREE_SERVERS["eagle3-tree"]]
 
 
 def test_prompts_given_as_embeddings(embeds_server, tiny_server):
@@ -700,8 +706,8 @@ def greedy_reference(tiny_server, mixed_prompts):
 
 
 @pytest.fixture(scope="module", params=["dflash-tree-32", "eagle3-tree"])
-def spec_server(request, shared_servers):
-    return shared_tree_server(shared_servers, request.param)
+def spec_server(request, server_pool):
+    return shared_tree_server(server_pool, request, request.param)
 
 
 def test_200_concurrent_mixed_requests_with_dropped_streams(spec_server, mixed_prompts, greedy_reference):

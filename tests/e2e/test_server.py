@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from spec_common import TINY
 from support.processes import tagged
 from support.served_logprobs import compare_logprobs
 
@@ -16,6 +17,7 @@ from sglang_kimi.cli.server import fetch_plugin_state
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
 
 pytestmark = pytest.mark.e2e
+SERVERS = [TINY]
 
 DEMO_TAG = "SGLANG_KIMI_TEST_DEMO"  # an environment variable marking the processes of one demo run
 GPU_ONLY_ENTRIES = {"moe-verify-configs", "aiter-verify-env"} | {

@@ -1,17 +1,42 @@
-"""Starting real SGLang servers for the end-to-end tests: one helper, the log in the test's temporary folder."""
+"""Starting real SGLang servers for the end-to-end tests.
+
+- :func:`launch`: one server, started now and waited for, its log in the test's temporary folder.
+- :class:`ServerPool`: the session's servers, one per configuration (:class:`ServerConfig`). Each e2e module lists
+  the configurations it serves in its ``SERVERS``, in the order its tests use them; the session's plan is those
+  lists in the order the selected modules run. A start-up (40-60 s here, mostly imports on one core) costs about as
+  much as the tests run on it, so the pool starts the next ones before their first use, one at a time, while earlier
+  tests run (the first ones while the unit tests do). A server is stopped by the fixture that used it, or,
+  for one that several modules share, once the last module that lists it is done; idle servers sleep
+  (``--sleep-on-idle``).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import requests
 
 from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
+AHEAD = 2  # servers started before a test asks for them: each holds 1-3 GB while it waits
 
 
 def launch(tmp_path_factory, name: str, args: list[str] | None = None, env: dict[str, str] | None = None):
     """``sglang-kimi serve``'s launch of SGLang with ``args`` (plus ``env``), ready to serve; stopped on failure."""
-    spec = launch_command(list(args or []), port=ANY_PORT)
-    spec.env.update(env or {})
-    server = ServerProcess(spec, tmp_path_factory.mktemp(name) / "server.log")
+    server = _start(tmp_path_factory.mktemp(name), list(args or []), env or {})
+    return _ready(server)
+
+
+def _start(folder, args: list[str], env: dict[str, str]) -> ServerProcess:
+    spec = launch_command(args, port=ANY_PORT)
+    spec.env.update(env)
+    return ServerProcess(spec, folder / "server.log")
+
+
+def _ready(server: ServerProcess) -> ServerProcess:
     try:
         server.wait_ready(START_TIMEOUT)
     except BaseException:
@@ -20,23 +45,138 @@ def launch(tmp_path_factory, name: str, args: list[str] | None = None, env: dict
     return server
 
 
-class SharedServers:
-    """Servers that several test modules serve alike, started on first use and stopped at the end of the session
-    (a start-up costs about as much as the tests run on it)."""
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """A server the e2e tests start: ``sglang-kimi serve``'s launch with ``args`` and ``env``. ``files`` are written
+    into the server's own folder before it starts, and ``{dir}`` in an argument is that folder."""
 
-    def __init__(self, tmp_path_factory):
+    name: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+
+
+def server_config(name: str, args: list[str], env: dict[str, str] | None = None, files: dict[str, str] | None = None):
+    return ServerConfig(name, tuple(args), tuple(sorted((env or {}).items())), tuple(sorted((files or {}).items())))
+
+
+def session_plan(items) -> tuple[list[ServerConfig], dict[ServerConfig, set[str]]]:
+    """The selected items' modules' ``SERVERS``, in the order the modules run, each configuration once; and for each
+    configuration the modules that list it."""
+    plan: list[ServerConfig] = []
+    users: dict[ServerConfig, set[str]] = {}
+    seen_modules: set[str] = set()
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or module.__name__ in seen_modules:
+            continue
+        seen_modules.add(module.__name__)
+        for config in getattr(module, "SERVERS", ()):
+            if config not in users:
+                plan.append(config)
+                users[config] = set()
+            users[config].add(module.__name__)
+    return plan, users
+
+
+class ServerPool:
+    """The session's servers, started ahead of use in plan order (see the module's docstring): one at a time, by a
+    background thread, while fewer than ``ahead`` started servers wait for their first use."""
+
+    def __init__(self, tmp_path_factory, plan: list[ServerConfig], users: dict[ServerConfig, set[str]],
+                 ahead: int = AHEAD):  # fmt: skip
         self._tmp_path_factory = tmp_path_factory
-        self._servers: dict[tuple[str, ...], ServerProcess] = {}
+        self._plan = list(plan)
+        self._listed = {config: frozenset(modules) for config, modules in users.items()}
+        self._users = {config: set(modules) for config, modules in users.items()}  # those still to finish
+        self._ahead = ahead
+        self._servers: dict[ServerConfig, ServerProcess] = {}
+        self._asked: set[ServerConfig] = set()  # configurations a test asked for (started on time or ahead)
+        self._done: set[ServerConfig] = set()  # stopped: a later request starts the configuration again
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._start_ahead, name="servers-ahead", daemon=True)
+        if self._plan:
+            self._thread.start()
 
-    def get(self, name: str, args: list[str]) -> ServerProcess:
-        key = tuple(args)
-        if key not in self._servers:
-            self._servers[key] = launch(self._tmp_path_factory, name, list(args))
-        return self._servers[key]
+    def get(self, config: ServerConfig, request) -> ServerProcess:
+        """The configuration's server, ready to serve (started now when it was not started ahead), for the test or
+        fixture ``request``, whose module must list the configuration in its ``SERVERS``."""
+        module = request.module.__name__
+        assert module in self._listed.get(config, ()), f"{module} uses the server {config.name}: list it in SERVERS"
+        with self._changed:
+            server = self._servers.get(config)
+            if server is None:
+                server = self._servers[config] = self._start(config)
+            self._asked.add(config)
+            self._changed.notify_all()
+        try:
+            return _ready(server)
+        except BaseException:
+            with self._changed:
+                self._servers.pop(config, None)
+            raise
+
+    def stop(self, config: ServerConfig) -> None:
+        """Stop the configuration's server; asserts it left no process behind."""
+        with self._changed:
+            server = self._servers.pop(config, None)
+            self._done.add(config)
+            self._changed.notify_all()
+        if server is not None:
+            server.stop()
+            assert not group_alive(server.pgid), f"the server left processes behind: {server.log_path}"
+
+    def module_done(self, module: str) -> None:
+        """Stop the servers that no module still to run lists."""
+        for config, modules in self._users.items():
+            modules.discard(module)
+            if not modules and config in self._servers:
+                self.stop(config)
 
     def stop_all(self) -> None:
-        servers, self._servers = list(self._servers.values()), {}
+        with self._changed:
+            self._closed = True
+            servers, self._servers = list(self._servers.values()), {}
+            self._changed.notify_all()
         for server in servers:
             server.stop()
         left = [server.log_path for server in servers if group_alive(server.pgid)]
         assert not left, f"servers left processes behind: {left}"
+
+    def _next_ahead(self) -> ServerConfig | None:
+        waiting = sum(1 for config in self._servers if config not in self._asked)
+        if waiting >= self._ahead:
+            return None
+        fresh = (c for c in self._plan if c not in self._servers and c not in self._asked and c not in self._done)
+        return next(fresh, None)
+
+    def _start_ahead(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closed and (config := self._next_ahead()) is None:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                server = self._servers[config] = self._start(config)
+            _settle(server)  # one start-up at a time: the next waits for this one
+
+    def _start(self, config: ServerConfig) -> ServerProcess:
+        folder = self._tmp_path_factory.mktemp(config.name)
+        for name, text in config.files:
+            (folder / name).write_text(text)
+        args = [a.replace("{dir}", str(folder)) for a in config.args]
+        return _start(folder, args, dict(config.env))
+
+
+def _settle(server: ServerProcess) -> None:
+    """Until the server answers ``/health``, or its process ends (its error is reported to the test that asks for
+    it), or the start-up time limit passes."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        try:
+            if requests.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
