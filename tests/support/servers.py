@@ -97,6 +97,7 @@ class ServerPool:
         self._closed = False
         self._thread = threading.Thread(target=self._start_ahead, name="servers-ahead", daemon=True)
         if self._plan:
+            tmp_path_factory.getbasetemp()  # made here: two threads making it at once can remove each other's folders
             self._thread.start()
 
     def get(self, config: ServerConfig, request) -> ServerProcess:
