@@ -4,6 +4,7 @@ verify, the drafter and the rest of the step, and the distinct experts each veri
 random routing.
 
     # one server per width, started here, each with the cost probe (models/cost_probe.py), one after the other
+    # (--start-together: all at once, measured one at a time)
     python bench/bench_step_cost.py --model OUT/target --dflash OUT/dflash --eagle3 OUT/eagle3 \\
         --modes ar,chain-1,chain-7,tree-8,tree-16,tree-32,eagle3-3 --concurrency 1,2,4,8,16,32,64
     # a running server (started with SGLANG_KIMI_COST_PROBE=1 for the split and the expert counts)
@@ -379,7 +380,8 @@ def write_results(result: dict, out_dir: Path, name: str) -> dict[str, Path]:
     return paths
 
 
-def launch(mode: Mode, opts, log: Path):
+def launch(mode: Mode, opts, log: Path, wait: bool = True):
+    """The mode's server, started (with ``wait``: ready to serve; stopped if it is not)."""
     from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
 
     args = ["--model-path", opts.model, *shlex.split(opts.server_args), *mode_args(mode, opts.dflash, opts.eagle3)]
@@ -389,6 +391,10 @@ def launch(mode: Mode, opts, log: Path):
     if opts.routing == "uniform":  # random weights route every token alike; SGLang's benchmark routing does not
         spec.env[UNIFORM_ROUTING_ENV] = "1"
     server = ServerProcess(spec, log)
+    return wait_ready(server, opts) if wait else server
+
+
+def wait_ready(server, opts):
     try:
         server.wait_ready(opts.start_timeout)
     except BaseException:
@@ -405,30 +411,43 @@ def run(opts) -> dict:
     if opts.url:
         mode = mode_of_server(requests.get(opts.url + "/server_info", timeout=60).json())
         result["servers"][mode.name], result["rows"] = measure_server(opts.url, mode, opts)
-    for name in [] if opts.url else opts.modes:
-        mode = parse_mode(name)
-        left = opts.deadline_s - (time.monotonic() - started) if opts.deadline_s else None
-        if left is not None and left < opts.min_left_s:
-            result["skipped"].append({"mode": name, "why": f"{left:.0f} s left of --deadline-s"})
-            print(f"{name}: skipped, {left:.0f} s left of the deadline", flush=True)
-            continue
-        t0 = time.monotonic()
-        (opts.log_dir or opts.out_dir).mkdir(parents=True, exist_ok=True)
-        server = launch(mode, opts, (opts.log_dir or opts.out_dir) / f"{opts.name}-{name}.log")
-        try:
-            setup, rows = measure_server(server.base_url, mode, opts)
-        finally:
+    names = [] if opts.url else opts.modes
+    log_dir = opts.log_dir or opts.out_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # --start-together: every mode's server starts now; each waits (idle) until its turn to be measured
+    waiting = {name: launch(parse_mode(name), opts, log_dir / f"{opts.name}-{name}.log", wait=False)
+               for name in (names if opts.start_together else [])}  # fmt: skip
+    try:
+        for name in names:
+            mode = parse_mode(name)
+            left = opts.deadline_s - (time.monotonic() - started) if opts.deadline_s else None
+            if left is not None and left < opts.min_left_s:
+                result["skipped"].append({"mode": name, "why": f"{left:.0f} s left of --deadline-s"})
+                print(f"{name}: skipped, {left:.0f} s left of the deadline", flush=True)
+                continue
+            t0 = time.monotonic()
+            if name in waiting:
+                server = wait_ready(waiting.pop(name), opts)
+            else:
+                server = launch(mode, opts, log_dir / f"{opts.name}-{name}.log")
+            try:
+                setup, rows = measure_server(server.base_url, mode, opts)
+            finally:
+                server.stop()
+            setup["seconds"] = time.monotonic() - t0
+            result["servers"][name] = setup
+            result["rows"] += rows
+            result["device"] = setup.get("device")
+            write_results(result, opts.out_dir, opts.name)
+    finally:
+        for server in waiting.values():
             server.stop()
-        setup["seconds"] = time.monotonic() - t0
-        result["servers"][name] = setup
-        result["rows"] += rows
-        result["device"] = setup.get("device")
-        write_results(result, opts.out_dir, opts.name)
     result["device"] = next((s.get("device") for s in result["servers"].values()), None)
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line's parser and options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="measure this running server (its own fixed width) instead of launching")
     parser.add_argument("--model", help="the target to launch (scripts/make_rank_shaped.py's OUT/target)")
@@ -448,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         "model: the router's own choice (real weights)",
     )  # fmt: skip
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
+    parser.add_argument(
+        "--start-together", action="store_true",
+        help="start every mode's server at once, then measure them one at a time while the others wait idle: less "
+        "start-up time where the device holds them all (CPU; a GPU holds one Kimi rank's server at a time)",
+    )  # fmt: skip
     parser.add_argument("--deadline-s", type=float, default=0.0, help="start no mode after this many seconds (0: none)")
     parser.add_argument("--min-left-s", type=float, default=60.0, help="with --deadline-s: seconds a mode needs")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON, PNG and step costs go")
@@ -460,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --model (servers launched here) or --url (a running server)")
     if opts.url:
         opts.url = opts.url.rstrip("/")
+    return parser, opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, opts = options(argv)
     try:
         for name in [] if opts.url else opts.modes:
             mode_args(parse_mode(name), opts.dflash, opts.eagle3)  # every mode's flags, before any server starts

@@ -15,12 +15,12 @@ import pytest
 import requests
 import torch
 from spec_common import TINY
+from support.servers import server_config
 
 from sglang_kimi.cli.demo import mode_args
-from sglang_kimi.cli.server import ANY_PORT, ASSETS_DIR, fetch_plugin_state, group_alive, start_server
+from sglang_kimi.cli.server import ASSETS_DIR, fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
-SERVERS = [TINY]
 
 PROMPT = (
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -60,18 +60,17 @@ TREES = {
     # Triton extend kernel as on a GPU
     "dflash-tree-8": mode_args()["dflash-chain"] + ["--speculative-dflash-tree-budget", "8"],
 }  # fmt: skip
+TRITON_SERVERS = {
+    mode: server_config(f"triton-{mode}", ["--attention-backend", "triton", *args], env={"TRITON_INTERPRET": "1"})
+    for mode, args in TREES.items()
+}
+SERVERS = [TINY, *TRITON_SERVERS.values()]
 
 
 @pytest.mark.parametrize("mode", list(TREES))
-def test_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path, monkeypatch, mode):
+def test_tree_on_the_triton_backend_under_the_interpreter(request, server_pool, tiny_server, mode):
     reference = generate(tiny_server.base_url)["output_ids"]
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the server processes only (Triton is decorated here)
-    server = start_server(
-        ["--attention-backend", "triton", *TREES[mode]],
-        port=ANY_PORT,
-        log_path=tmp_path / "server.log",
-        timeout=1800,
-    )
+    server = server_pool.get(TRITON_SERVERS[mode], request)
     try:
         state = fetch_plugin_state(server.base_url)
         assert state["registrations"]["cpu-tree-mask-mode"] == "ok"
@@ -86,5 +85,4 @@ def test_tree_on_the_triton_backend_under_the_interpreter(tiny_server, tmp_path,
         error = (got - transformers_logprobs(reference)).abs().max().item()
         assert error < 1e-4, f"verify log-probabilities differ from transformers' by {error}"
     finally:
-        server.stop()
-    assert not group_alive(server.pgid)
+        server_pool.stop(TRITON_SERVERS[mode])

@@ -123,3 +123,44 @@ def test_the_table_it_writes_is_the_step_costs_format(bench, tmp_path):
     paths = bench.write_results(result | {"device": "cpu:x"}, tmp_path, "run")
     assert read_step_costs(paths["step_costs"]).seconds == costs.seconds
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_servers_start_one_at_a_time_or_together_and_all_stop(bench, tmp_path, monkeypatch, together):
+    """Without ``--start-together`` each mode's server starts when its turn comes; with it, every server starts
+    before the first is measured, each is measured in turn, and every one is stopped, a skipped mode's included."""
+    events = []
+
+    class Server:
+        def __init__(self, name):
+            self.name, self.base_url = name, f"http://{name}"
+
+        def stop(self):
+            events.append(("stop", self.name))
+
+    def launch(mode, opts, log, wait=True):
+        events.append(("start", mode.name))
+        return Server(mode.name)
+
+    def measure(url, mode, opts):
+        events.append(("measure", mode.name))
+        if mode.name == "tree-8":  # the deadline passes while this mode is measured
+            clock[0] += 1000
+        return {"device": "cpu:test"}, []
+
+    clock = [0.0]
+    monkeypatch.setattr(bench, "launch", launch)
+    monkeypatch.setattr(bench, "wait_ready", lambda server, opts: server)
+    monkeypatch.setattr(bench, "measure_server", measure)
+    monkeypatch.setattr(bench, "write_results", lambda *args: None)
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    argv = ["--model", "m", "--dflash", "d", "--modes", "ar,tree-8,chain-2", "--deadline-s", "100"]
+    _, opts = bench.options(argv + ["--out-dir", str(tmp_path)] + (["--start-together"] if together else []))
+    result = bench.run(opts)
+    assert [s["mode"] for s in result["skipped"]] == ["chain-2"] and set(result["servers"]) == {"ar", "tree-8"}
+    if together:
+        assert events == [("start", "ar"), ("start", "tree-8"), ("start", "chain-2"), ("measure", "ar"),
+                          ("stop", "ar"), ("measure", "tree-8"), ("stop", "tree-8"), ("stop", "chain-2")]  # fmt: skip
+    else:
+        assert events == [("start", "ar"), ("measure", "ar"), ("stop", "ar"),
+                          ("start", "tree-8"), ("measure", "tree-8"), ("stop", "tree-8")]  # fmt: skip
