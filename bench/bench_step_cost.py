@@ -414,10 +414,12 @@ def run(opts) -> dict:
     names = [] if opts.url else opts.modes
     log_dir = opts.log_dir or opts.out_dir
     log_dir.mkdir(parents=True, exist_ok=True)
-    # --start-together: every mode's server starts now; each waits (idle) until its turn to be measured
+    # --start-together: every mode's server starts now, and all are ready (idle) before the first is measured
     waiting = {name: launch(parse_mode(name), opts, log_dir / f"{opts.name}-{name}.log", wait=False)
                for name in (names if opts.start_together else [])}  # fmt: skip
     try:
+        for name in list(waiting):
+            waiting[name] = wait_ready(waiting[name], opts)
         for name in names:
             mode = parse_mode(name)
             left = opts.deadline_s - (time.monotonic() - started) if opts.deadline_s else None
@@ -427,7 +429,7 @@ def run(opts) -> dict:
                 continue
             t0 = time.monotonic()
             if name in waiting:
-                server = wait_ready(waiting.pop(name), opts)
+                server = waiting.pop(name)
             else:
                 server = launch(mode, opts, log_dir / f"{opts.name}-{name}.log")
             try:

@@ -127,8 +127,9 @@ def test_the_table_it_writes_is_the_step_costs_format(bench, tmp_path):
 
 @pytest.mark.parametrize("together", [False, True])
 def test_servers_start_one_at_a_time_or_together_and_all_stop(bench, tmp_path, monkeypatch, together):
-    """Without ``--start-together`` each mode's server starts when its turn comes; with it, every server starts
-    before the first is measured, each is measured in turn, and every one is stopped, a skipped mode's included."""
+    """Without ``--start-together`` each mode's server starts when its turn comes; with it, every server starts and
+    is ready before the first is measured, each is measured in turn, and every one is stopped, a skipped mode's
+    included."""
     events = []
 
     class Server:
@@ -150,7 +151,12 @@ def test_servers_start_one_at_a_time_or_together_and_all_stop(bench, tmp_path, m
 
     clock = [0.0]
     monkeypatch.setattr(bench, "launch", launch)
-    monkeypatch.setattr(bench, "wait_ready", lambda server, opts: server)
+
+    def wait_ready(server, opts):
+        events.append(("ready", server.name))
+        return server
+
+    monkeypatch.setattr(bench, "wait_ready", wait_ready)
     monkeypatch.setattr(bench, "measure_server", measure)
     monkeypatch.setattr(bench, "write_results", lambda *args: None)
     monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
@@ -159,7 +165,9 @@ def test_servers_start_one_at_a_time_or_together_and_all_stop(bench, tmp_path, m
     result = bench.run(opts)
     assert [s["mode"] for s in result["skipped"]] == ["chain-2"] and set(result["servers"]) == {"ar", "tree-8"}
     if together:
-        assert events == [("start", "ar"), ("start", "tree-8"), ("start", "chain-2"), ("measure", "ar"),
+        # every server ready before the first is measured: none measured while another starts
+        assert events == [("start", "ar"), ("start", "tree-8"), ("start", "chain-2"),
+                          ("ready", "ar"), ("ready", "tree-8"), ("ready", "chain-2"), ("measure", "ar"),
                           ("stop", "ar"), ("measure", "tree-8"), ("stop", "tree-8"), ("stop", "chain-2")]  # fmt: skip
     else:
         assert events == [("start", "ar"), ("measure", "ar"), ("stop", "ar"),
