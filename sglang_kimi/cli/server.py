@@ -545,6 +545,13 @@ class ServerProcess:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join([line for line in text if "Ignore import error" not in line][-lines:])
 
+    def answers_health(self) -> bool:
+        """Whether ``/health`` at the server's port answers 200 now (whoever holds the port: see ``wait_ready``)."""
+        try:
+            return requests.get(self.base_url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -555,11 +562,7 @@ class ServerProcess:
                     f"SGLang exited with code {self.proc.returncode} during start-up"
                     + (f"; its log ({self.log_path}) ends with:\n{self.log_tail()}" if self.log_path else "")
                 )
-            try:
-                healthy = requests.get(self.base_url + "/health", timeout=2).status_code == 200
-            except requests.RequestException:
-                healthy = False
-            if healthy and not self._lost_port():
+            if self.answers_health() and not self._lost_port():
                 return
             # (healthy with the port lost: whoever holds the port answered; this server exits, and is restarted)
             time.sleep(0.5)

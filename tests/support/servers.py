@@ -16,8 +16,6 @@ import dataclasses
 import threading
 import time
 
-import requests
-
 from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
@@ -174,10 +172,5 @@ def _settle(server: ServerProcess) -> None:
     """Until the server answers ``/health``, or its process ends (its error is reported to the test that asks for
     it), or the start-up time limit passes."""
     deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline and server.proc.poll() is None:
-        try:
-            if requests.get(server.base_url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
+    while time.monotonic() < deadline and server.proc.poll() is None and not server.answers_health():
         time.sleep(0.5)
