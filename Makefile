@@ -27,7 +27,7 @@ demo: install
 	$(VENV)/bin/sglang-kimi demo
 
 test: install
-	@start=$$(date +%s); $(PY) -m pytest -q -ra --durations=15 tests/unit tests/statistical tests/e2e; status=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -n 2 -q -ra --durations=15 tests/unit tests/statistical tests/e2e; status=$$?; \
 	  elapsed=$$(( $$(date +%s) - start )); echo "make test: $$((elapsed / 60))m$$((elapsed % 60))s"; exit $$status
 
 test-unit: install

@@ -4,6 +4,8 @@
 - Each folder is a layer, marked so that any layer can be selected (``pytest -m statistical``):
   ``unit`` (fast, CPU, no server), ``statistical`` (distribution tests, large samples), ``e2e`` (real SGLang server
   processes on CPU), ``gpu`` (a CUDA or ROCm device).
+- Under ``pytest -n 2`` (``make test``) each of two worker processes runs one lane of the tests, with its own
+  server pool (``support.lanes``).
 """
 
 import os
@@ -25,7 +27,24 @@ if "torch" in sys.modules:
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from support.lanes import LaneScheduling, lane_of_path  # noqa: E402
+
 LAYERS = ("unit", "statistical", "e2e", "gpu")
+LANES_STARTED = pytest.StashKey[list]()  # the lanes whose tests have started in this process, in order
+POOL = pytest.StashKey[object]()
+
+
+def lane(item) -> str:
+    return lane_of_path(Path(str(item.fspath)))
+
+
+def xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def items_here(session, lanes) -> list:
+    """The session's items that run in this process: all of them, or under ``pytest -n`` those of ``lanes``."""
+    return [item for item in session.items if not xdist_worker() or lane(item) in lanes]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,15 +54,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, layer))
 
 
+def pytest_xdist_make_scheduler(config, log):
+    return LaneScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under ``pytest -n``, the first test of a lane on this worker plans the lane's servers (before any fixture,
+    which may already ask the pool for one)."""
+    started = item.config.stash.setdefault(LANES_STARTED, [])
+    if not xdist_worker() or lane(item) in started:
+        return
+    started.append(lane(item))
+    pool = item.config.stash.get(POOL, None)
+    if pool is not None:  # otherwise the pool is made for this test and plans the lane itself
+        from support.servers import session_plan
+
+        pool.add_plan(*session_plan(items_here(item.session, [lane(item)])))
+
+
 @pytest.fixture(scope="session")
 def cpu_sglang_child(request, tmp_path_factory):
     """The session's CPU SGLang child process, shared by the selected tests that use this fixture: each module
     defines ``CHILD_ENV``, which selects its own tests in the child (``support.child_process.CpuSglangChild``)."""
     from support.child_process import CpuSglangChild
 
+    lanes = request.config.stash.get(LANES_STARTED, [])
     files = {
         str(Path(str(item.fspath)).resolve()): item.module.CHILD_ENV
-        for item in request.session.items
+        for item in items_here(request.session, lanes)
         if "cpu_sglang_child" in item.fixturenames
     }
     return CpuSglangChild(files, tmp_path_factory.mktemp("cpu_sglang_child"))
@@ -51,10 +90,14 @@ def cpu_sglang_child(request, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def server_pool(request, tmp_path_factory):
-    """The session's SGLang servers (``support.servers.ServerPool``): those the selected e2e modules list in their
-    ``SERVERS``, the first started while the tests before them run."""
-    from support.servers import ServerPool, session_plan
+    """The session's SGLang servers (``support.servers.ServerPool``): those the selected e2e modules (of the lanes
+    that run here) list in their ``SERVERS``, the first started while the tests before them run."""
+    from support.servers import AHEAD, ServerPool, session_plan
 
-    pool = ServerPool(tmp_path_factory, *session_plan(request.session.items))
+    lanes = request.config.stash.get(LANES_STARTED, [])
+    ahead = 1 if xdist_worker() else AHEAD  # two lanes: one server waits in each
+    pool = ServerPool(tmp_path_factory, *session_plan(items_here(request.session, lanes)), ahead=ahead)
+    request.config.stash[POOL] = pool
     yield pool
+    del request.config.stash[POOL]
     pool.stop_all()

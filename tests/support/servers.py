@@ -81,12 +81,12 @@ class ServerPool:
     """The session's servers, started ahead of use in plan order (see the module's docstring): one at a time, by a
     background thread, while fewer than ``ahead`` started servers wait for their first use."""
 
-    def __init__(self, tmp_path_factory, plan: list[ServerConfig], users: dict[ServerConfig, set[str]],
-                 ahead: int = AHEAD):  # fmt: skip
+    def __init__(self, tmp_path_factory, plan: list[ServerConfig] = (),
+                 users: dict[ServerConfig, set[str]] | None = None, ahead: int = AHEAD):  # fmt: skip
         self._tmp_path_factory = tmp_path_factory
-        self._plan = list(plan)
-        self._listed = {config: frozenset(modules) for config, modules in users.items()}
-        self._users = {config: set(modules) for config, modules in users.items()}  # those still to finish
+        self._plan: list[ServerConfig] = []
+        self._listed: dict[ServerConfig, set[str]] = {}
+        self._users: dict[ServerConfig, set[str]] = {}  # the modules still to finish
         self._ahead = ahead
         self._servers: dict[ServerConfig, ServerProcess] = {}
         self._asked: set[ServerConfig] = set()  # configurations a test asked for (started on time or ahead)
@@ -94,8 +94,27 @@ class ServerPool:
         self._changed = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._start_ahead, name="servers-ahead", daemon=True)
-        if self._plan:
-            tmp_path_factory.getbasetemp()  # made here: two threads making it at once can remove each other's folders
+        self.add_plan(plan, users or {})
+
+    def add_plan(self, plan: list[ServerConfig], users: dict[ServerConfig, set[str]]) -> None:
+        """Plan more servers (:func:`session_plan` of tests that start running on this process: a lane of a
+        ``pytest -n`` run), after those already planned; a configuration planned again that was stopped is started
+        ahead again."""
+        with self._changed:
+            for config in plan:
+                if config in self._done and config not in self._servers:  # stopped: planned again, in this order
+                    self._plan = [c for c in self._plan if c != config]
+                    self._done.discard(config)
+                    self._asked.discard(config)
+                if config not in self._plan:
+                    self._plan.append(config)
+            for config, modules in users.items():
+                self._listed.setdefault(config, set()).update(modules)
+                self._users.setdefault(config, set()).update(modules)
+            self._changed.notify_all()
+        if self._plan and not self._thread.is_alive():
+            # pytest's base temporary folder, made here: two threads making it at once remove each other's folders
+            self._tmp_path_factory.getbasetemp()
             self._thread.start()
 
     def get(self, config: ServerConfig, request) -> ServerProcess:

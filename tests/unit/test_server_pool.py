@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from support import servers
+from support import lanes, servers
 from support.servers import ServerPool, server_config, session_plan
 
 A, B, C, D = (server_config(name, ["--flag", name]) for name in "abcd")
@@ -115,3 +115,35 @@ def test_a_configuration_s_files_are_written_into_its_folder(started, tmp_path_f
     assert server.args == ["--config", str(server.folder / "policy.json")]
     assert (server.folder / "policy.json").read_text() == "{}" and server.env == {"X": "1"}
     pool.stop_all()
+
+
+def test_a_lane_planned_later_starts_its_servers_ahead_even_one_an_earlier_lane_stopped(started, tmp_path_factory):
+    pool = ServerPool(tmp_path_factory, ahead=1)
+    time.sleep(0.1)
+    assert started == []  # nothing planned, nothing started
+    pool.add_plan(*session_plan([item("m1", [A])]))
+    wait_for(lambda: len(started) == 1)
+    pool.get(A, request("m1"))
+    pool.module_done("m1")
+    assert started[0].stopped
+    with pytest.raises(AssertionError, match="list it in SERVERS"):
+        pool.get(B, request("m2"))
+
+    pool.add_plan(*session_plan([item("m2", [B, A])]))  # the second lane's first test starts
+    wait_for(lambda: len(started) == 2)
+    time.sleep(0.1)
+    assert names(started) == ["a", "b"]  # one waits unused at a time
+    pool.get(B, request("m2"))
+    wait_for(lambda: len(started) == 3)
+    assert names(started) == ["a", "b", "a"] and pool.get(A, request("m2")) is started[2]
+    pool.stop_all()
+
+
+def test_every_module_of_the_second_lane_exists_and_a_lane_is_one_scope():
+    assert lanes.SECOND_LANE and all((lanes.TESTS / path).is_file() for path in lanes.SECOND_LANE)
+    sched = lanes.LaneScheduling.__new__(lanes.LaneScheduling)
+    sched.config = SimpleNamespace(rootpath=lanes.TESTS.parent)
+    scope = sched._split_scope
+    assert scope("tests/e2e/test_cpu_spec_decoding.py::test_x[dflash-chain]") == lanes.SECOND
+    assert scope("tests/e2e/test_cpu_spec_decoding.py::test_y") == scope("tests/e2e/test_server.py::test_z")
+    assert scope("tests/unit/test_server_pool.py::test_x") == scope("tests/e2e/test_variants.py::t") == lanes.FIRST
