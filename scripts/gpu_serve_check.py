@@ -201,10 +201,12 @@ def _growing(path: Path, interval_s: float = 0.5) -> bool:
     return path.stat().st_size != size
 
 
-def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, max_new_tokens: int):
-    """``steps`` scheduler steps of SGLang's torch profiler (``/start_profile``) while ``concurrency`` requests
-    decode; the trace's :func:`gpu_idle_share`. The requests ask for ``max_new_tokens`` so that even a server with
-    CUDA graphs is still decoding when the profile starts, and are aborted once the trace is written."""
+def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, max_new_tokens: int,
+            with_stack: bool = False):  # fmt: skip
+    """``steps`` scheduler steps of SGLang's torch profiler (``/start_profile``; ``with_stack``: with the Python
+    calls) while ``concurrency`` requests decode; the trace's :func:`gpu_idle_share`. The requests ask for
+    ``max_new_tokens`` so that even a server with CUDA graphs is still decoding when the profile starts, and are
+    aborted once the trace is written."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -215,7 +217,7 @@ def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurr
             time.sleep(1.0)  # past the prefills: the profiled steps decode
             if any(job.done() for job in jobs):
                 raise RuntimeError(f"a request of {max_new_tokens} tokens ended within 1 s: nothing left to profile")
-            body = {"output_dir": str(folder), "num_steps": steps, "activities": activities}
+            body = {"output_dir": str(folder), "num_steps": steps, "activities": activities, "with_stack": with_stack}
             requests.post(base_url + "/start_profile", json=body, timeout=120).raise_for_status()
             deadline = time.monotonic() + 60  # the trace is written after the last profiled step
             while not (traces := sorted(folder.glob("*.trace.json*"))) and time.monotonic() < deadline:

@@ -1,0 +1,84 @@
+"""``bench/bench_step_launches.py``'s reading of a profiler trace: operators and synchronisations of each decode step
+outside the target forward, in the innermost range that holds them, each synchronisation with the Python function it
+runs in."""
+
+from __future__ import annotations
+
+import pytest
+from support.repo_scripts import load_script
+
+bench = load_script("bench/bench_step_launches.py")
+REPO = str(bench.REPO)
+
+
+def span(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def op(name: str, ts: float, dur: float = 1.0, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def call(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": 1}
+
+
+def one_step(offset: float) -> list[dict]:
+    t = offset
+    return [
+        span("sglang_kimi.step", t, 100),
+        span("sglang_kimi.plan", t + 1, 9),
+        op("aten::add", t + 2, 2),
+        op("aten::mul", t + 3, 0.5),  # inside aten::add: not a top-level operator
+        span("sglang_kimi.draft_forward", t + 10, 20),
+        span("step[DRAFT bs=8]", t + 12, 10),  # SGLang's own range, nested
+        op("aten::mm", t + 13),
+        op("aten::relu", t + 25),  # after SGLang's range: the enclosing plugin phase
+        span("sglang_kimi.target_forward", t + 30, 30),
+        op("aten::mm", t + 35),  # the target forward: not counted
+        op("aten::nonzero", t + 40),
+        span("sglang_kimi.verify_accept", t + 60, 20),
+        op("aten::argmax", t + 61),
+        call(f"{REPO}/sglang_kimi/speculative/workers/dflash_tree.py(185): _tree_decode_step", t + 60, 30),
+        call("<built-in method item of Tensor object at 0x1>", t + 64, 2),
+        op("aten::item", t + 64, 2),
+        op("aten::_local_scalar_dense", t + 65),  # inside aten::item: a synchronisation, not a top-level operator
+        op("aten::sub", t + 90),  # in the step, in no phase
+        op("aten::add", t + 120),  # after the step
+        op("aten::sub", t + 50, tid=2),  # another thread
+    ]
+
+
+def test_a_trace_s_steps_are_split_by_phase_outside_the_target_forward():
+    result = bench.step_operators(one_step(0) + one_step(1000))
+    assert result["steps"] == 2
+    assert result["operators_per_phase"] == {
+        "plan": 1,
+        "sglang:step[DRAFT]": 1,
+        "draft_forward": 1,
+        "verify_accept": 2,
+        "other": 1,
+    }
+    assert result["operators_per_step"] == 6
+    assert result["syncs_per_phase"] == {"verify_accept": 1} and result["syncs_per_step"] == 1
+    function = "sglang_kimi/speculative/workers/dflash_tree.py(185): _tree_decode_step"
+    assert result["sync_sites"] == {f"verify_accept: aten::_local_scalar_dense in {function}": 1}
+
+
+def test_a_trace_without_stacks_or_steps():
+    events = [e for e in one_step(0) if e["cat"] != "python_function"]
+    assert bench.step_operators(events)["sync_sites"] == {"verify_accept: aten::_local_scalar_dense in ?": 1}
+    assert bench.step_operators([op("aten::add", 1)]) == {"steps": 0}
+
+
+@pytest.mark.parametrize(
+    ("phases", "met"),
+    [({"draft_rank": 0.0, "plan": 3.0}, True), ({"tree_build": 1.0}, False), ({}, True)],
+)
+def test_the_sync_target_reads_the_tree_worker_s_device_phases(phases, met):
+    results = {
+        "ratios": {"dflash-tree-32": {1: {"operators": 1.0, "host_ms_per_step": 1.0}}},
+        "rows": {"dflash-tree-32": {1: {"profile": {"syncs_per_phase": phases}}}},
+    }
+    (line,) = bench.targets(results)
+    assert line.endswith("met" if met else "MISSED"), line
