@@ -10,6 +10,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,14 +55,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, layer))
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
+
+
+LANE_TIMES = pytest.StashKey[dict]()  # lane -> [first test's start, last test's end] (monotonic seconds)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The lane's time so far, for the summary (under ``pytest -n``: ``pytest_testnodedown`` reads it)."""
+    if xdist_worker():
+        times = item.config.stash.get(LANE_TIMES, {})
+        times[lane(item)][1] = time.monotonic()
+        item.config.workeroutput["lane_seconds"] = {name: end - start for name, (start, end) in times.items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    lanes = getattr(node, "workeroutput", {}).get("lane_seconds", {})
+    node.config.stash.setdefault(LANE_TIMES, {}).update({name: (0.0, t) for name, t in lanes.items()})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    lanes = config.stash.get(LANE_TIMES, {}) if not xdist_worker() else {}
+    if lanes:
+        times = ", ".join(f"{name} {int(end - start) // 60}m{int(end - start) % 60}s" for name, (start, end) in
+                          sorted(lanes.items()))  # fmt: skip
+        terminalreporter.write_line(f"lanes (first test's start to last test's end): {times}")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Under ``pytest -n``, the first test of a lane on this worker plans the lane's servers (before any fixture,
     which may already ask the pool for one)."""
+    if xdist_worker():
+        times = item.config.stash.setdefault(LANE_TIMES, {})
+        times.setdefault(lane(item), [time.monotonic(), 0.0])
     started = item.config.stash.setdefault(LANES_STARTED, [])
     if not xdist_worker() or lane(item) in started:
         return

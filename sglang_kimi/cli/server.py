@@ -55,7 +55,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--cuda-graph-backend-decode": "disabled",
     "--cuda-graph-backend-prefill": "disabled",
     "--dtype": "float32",  # float32 on CPU: exact parity with transformers; bf16 CPU matmuls differ by ~2e-3
-    "--mem-fraction-static": "0.3",  # a budget only: --max-total-tokens caps the KV pool (~0.5 GB for the tiny model)
+    # SGLang sizes the KV pool on a CPU from the host's available memory after loading, less (1 - this) x what was
+    # available before: memory that other processes take meanwhile (servers started side by side) counts against
+    # it, and at 0.3 a start-up failed whenever others took 30% of the free memory during its load. A high fraction
+    # keeps that slack small; --max-total-tokens caps the pool (~0.5 GB for the tiny model) either way.
+    "--mem-fraction-static": "0.85",
     "--max-total-tokens": "65536",
     "--skip-server-warmup": None,
     "--language-model-only": None,  # text only: image inputs need the real torchvision

@@ -42,8 +42,7 @@ def _check_level(level: dict, concurrency: int, prompts: int, output_len: int) -
 def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, capsys):
     drafter = TRAINED_DFLASH
     server_args = (
-        f"--attention-backend kimi_cpu --mem-fraction-static 0.3 --speculative-algorithm DFLASH "
-        f"--speculative-draft-model-path {drafter}"
+        f"--attention-backend kimi_cpu --speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
     )
     code = cli.main(
         [

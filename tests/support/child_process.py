@@ -25,8 +25,9 @@ def pytest_in_fresh_process(
     timeout: float = 1200.0,
     extra_args: tuple[str, ...] = (),
 ):
-    """``pytest test_files`` in a new interpreter, ``env`` added, ``unset`` removed. Returns (exit code, output)."""
-    child_env = {k: v for k, v in os.environ.items() if k not in unset}
+    """``pytest test_files`` in a new interpreter, ``env`` added, ``unset`` removed. Returns (exit code, output).
+    The child is a session of its own, not a ``pytest -n`` worker as its parent may be."""
+    child_env = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith("PYTEST_XDIST_")}
     child_env.update(env)
     files = [test_files] if isinstance(test_files, str) else list(test_files)
     proc = subprocess.run(
