@@ -39,13 +39,15 @@ def lane(item) -> str:
     return lane_of_path(Path(str(item.fspath)))
 
 
-def xdist_worker() -> bool:
-    return "PYTEST_XDIST_WORKER" in os.environ
+def xdist_worker(config) -> bool:
+    """Whether this session is a ``pytest -n`` worker (not a pytest child process of one, which inherits its
+    environment)."""
+    return hasattr(config, "workerinput")
 
 
 def items_here(session, lanes) -> list:
     """The session's items that run in this process: all of them, or under ``pytest -n`` those of ``lanes``."""
-    return [item for item in session.items if not xdist_worker() or lane(item) in lanes]
+    return [item for item in session.items if not xdist_worker(session.config) or lane(item) in lanes]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -66,7 +68,7 @@ LANE_TIMES = pytest.StashKey[dict]()  # lane -> [first test's start, last test's
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """The lane's time so far, for the summary (under ``pytest -n``: ``pytest_testnodedown`` reads it)."""
-    if xdist_worker():
+    if xdist_worker(item.config):
         times = item.config.stash.get(LANE_TIMES, {})
         times[lane(item)][1] = time.monotonic()
         item.config.workeroutput["lane_seconds"] = {name: end - start for name, (start, end) in times.items()}
@@ -79,7 +81,7 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    lanes = config.stash.get(LANE_TIMES, {}) if not xdist_worker() else {}
+    lanes = config.stash.get(LANE_TIMES, {}) if not xdist_worker(config) else {}
     if lanes:
         times = ", ".join(f"{name} {int(end - start) // 60}m{int(end - start) % 60}s" for name, (start, end) in
                           sorted(lanes.items()))  # fmt: skip
@@ -90,11 +92,11 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_runtest_setup(item):
     """Under ``pytest -n``, the first test of a lane on this worker plans the lane's servers (before any fixture,
     which may already ask the pool for one)."""
-    if xdist_worker():
+    if xdist_worker(item.config):
         times = item.config.stash.setdefault(LANE_TIMES, {})
         times.setdefault(lane(item), [time.monotonic(), 0.0])
     started = item.config.stash.setdefault(LANES_STARTED, [])
-    if not xdist_worker() or lane(item) in started:
+    if not xdist_worker(item.config) or lane(item) in started:
         return
     started.append(lane(item))
     pool = item.config.stash.get(POOL, None)
@@ -126,7 +128,7 @@ def server_pool(request, tmp_path_factory):
     from support.servers import AHEAD, ServerPool, session_plan
 
     lanes = request.config.stash.get(LANES_STARTED, [])
-    ahead = 1 if xdist_worker() else AHEAD  # two lanes: one server waits in each
+    ahead = 1 if xdist_worker(request.config) else AHEAD  # two lanes: one server waits in each
     pool = ServerPool(tmp_path_factory, *session_plan(items_here(request.session, lanes)), ahead=ahead)
     request.config.stash[POOL] = pool
     yield pool

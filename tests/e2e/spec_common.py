@@ -266,6 +266,11 @@ def pit_values(dists: torch.Tensor, tokens: torch.Tensor, rng: random.Random):
     return values, outside
 
 
+# Sampled requests of a few tokens each, in flight at once: a batch of 32 serves them about 20% faster than one of 8
+# on this CPU (the same prompt, so each prefill is mostly a radix-cache hit).
+SAMPLED_CONCURRENCY = 32
+
+
 def _sampled_with_conditionals(url: str, prompt: str, requests_: int, tokens: int, top_p: float, **sampling):
     """``requests_`` sampled continuations of ``tokens`` tokens (temperature 1, top-p, ``sampling``) and
     transformers' logits of the conditional of each emitted token: (outputs [R][K], logits [R, K, V])."""
@@ -273,7 +278,7 @@ def _sampled_with_conditionals(url: str, prompt: str, requests_: int, tokens: in
     def one(_):
         return generate(url, prompt, tokens, temperature=1.0, top_p=top_p, **sampling)["output_ids"]
 
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(SAMPLED_CONCURRENCY) as pool:
         results = list(pool.map(one, range(requests_)))
     outputs = [o for o in results if len(o) == tokens]
     assert len(outputs) >= requests_ * 0.9, "too many requests ended early (EOS) for the test"
@@ -344,7 +349,7 @@ def mixed_sampling_pvalues(url: str, prompt: str, groups: list[dict], requests_:
     def one(i):
         return generate(url, prompt, tokens, **groups[i % len(groups)])["output_ids"]
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(SAMPLED_CONCURRENCY) as pool:
         results = list(pool.map(one, range(requests_ * len(groups))))
     report = []
     for g, params in enumerate(groups):

@@ -53,6 +53,7 @@ from spec_common import (
     DFLASH_TREE,
     EAGLE3_TREE,
     KIMI_CPU,
+    SAMPLED_CONCURRENCY,
     SHARED_TREES,
     TINY,
     TRAINED_DFLASH,
@@ -449,7 +450,7 @@ def test_grammar_constrained_sampling_follows_the_masked_target(spec_server, pro
     def one(_):
         return generate(spec_server.base_url, prompt, DIGIT_TOKENS, temperature=1.0, **DIGITS)["output_ids"]
 
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(SAMPLED_CONCURRENCY) as pool:
         outputs = list(pool.map(one, range(DIGIT_REQUESTS)))
     assert all(len(o) == DIGIT_TOKENS for o in outputs), "a digits-only request ended before its max_new_tokens"
     model, tokenizer = hf_model()

@@ -63,7 +63,12 @@ def test_each_verify_reads_the_experts_random_routing_reads(run):
         tokens = MODES[row["mode"]] * row["concurrency"]
         assert (e["rows"], e["mean_tokens"]) == (tokens, tokens), row["mode"]
         assert (e["routed_experts"], e["top_k"]) == (14, 1)
-        assert e["calls"] == 4 * row["steps"]  # one router call per MoE layer per step
+        # one router call per MoE layer per verify step; a step that ran before every request joined (the requests
+        # start together, the scheduler may take them a step apart) verifies fewer rows
+        window = MODES[row["mode"]]
+        by_rows = {int(k): cell["calls"] for k, cell in row["probe"]["experts"]["by_rows"].items()}
+        verify_calls = sum(by_rows.get(window * b, 0) for b in range(1, row["concurrency"] + 1))
+        assert verify_calls == 4 * row["steps"] and 0 < e["calls"] <= verify_calls, (row["mode"], by_rows)
         # SGLang's simulated routing: random weights alone would route every token to one expert
         assert e["mean_distinct"] == pytest.approx(e["expected_random"], abs=1.0), row
 
