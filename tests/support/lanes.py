@@ -25,6 +25,7 @@ SECOND_LANE = {
     "e2e/test_cpu_spec_triton.py",
     "e2e/test_faults.py",
     "e2e/test_server.py",
+    "e2e/test_bench.py",
 }
 
 
