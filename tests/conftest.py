@@ -62,7 +62,8 @@ def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
 
 
-LANE_TIMES = pytest.StashKey[dict]()  # lane -> [first test's start, last test's end] (monotonic seconds)
+LANE_TIMES = pytest.StashKey[dict]()  # in a worker: lane -> [first test's start, last test's end] (monotonic s)
+LANE_SECONDS = pytest.StashKey[dict]()  # in the controller: lane -> seconds, as the workers reported them
 
 
 @pytest.hookimpl(trylast=True)
@@ -77,14 +78,13 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     lanes = getattr(node, "workeroutput", {}).get("lane_seconds", {})
-    node.config.stash.setdefault(LANE_TIMES, {}).update({name: (0.0, t) for name, t in lanes.items()})
+    node.config.stash.setdefault(LANE_SECONDS, {}).update(lanes)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    lanes = config.stash.get(LANE_TIMES, {}) if not xdist_worker(config) else {}
+    lanes = config.stash.get(LANE_SECONDS, {})
     if lanes:
-        times = ", ".join(f"{name} {int(end - start) // 60}m{int(end - start) % 60}s" for name, (start, end) in
-                          sorted(lanes.items()))  # fmt: skip
+        times = ", ".join(f"{name} {int(t) // 60}m{int(t) % 60}s" for name, t in sorted(lanes.items()))
         terminalreporter.write_line(f"lanes (first test's start to last test's end): {times}")
 
 
