@@ -44,7 +44,6 @@ import shlex
 import signal
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -123,24 +122,35 @@ def prompt_ids(count: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1, VOCAB_FOR_PROMPTS) for _ in range(length)] for _ in range(count)]
 
 
-def stream_request(url: str, ids: list[int], max_new_tokens: int, out: dict) -> None:
-    """One streaming /generate; ``out["trace"]``: (arrival seconds, verify steps so far) per chunk."""
-    body = {"input_ids": ids, "stream": True,
+def stream_requests(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+    """The prompts as one streaming batch ``/generate``, so that the scheduler receives them together (separate
+    connections can reach a loaded server far apart: one request may finish before the next arrives). Per prompt:
+    ``trace``, (arrival seconds, verify steps so far) per chunk, ``meta``, the last ``meta_info``, and ``error`` if
+    the request failed."""
+    body = {"input_ids": prompts, "stream": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}}  # fmt: skip
-    trace, meta = [], {}
+    outs = [{"trace": [], "meta": {}} for _ in prompts]
     try:
         with requests.post(url + "/generate", json=body, stream=True, timeout=3600) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                     continue
-                meta = json.loads(line[5:])["meta_info"]
+                chunk = json.loads(line[5:])
+                if "error" in chunk:
+                    raise ValueError(chunk["error"])
+                out, meta = outs[int(chunk.get("index", 0))], chunk["meta_info"]
                 tokens = int(meta["completion_tokens"])
                 steps = int(meta["spec_verify_ct"]) if "spec_verify_ct" in meta else tokens - 1
-                trace.append((time.perf_counter(), steps))
+                out["trace"].append((time.perf_counter(), steps))
+                out["meta"] = meta
     except (requests.RequestException, ValueError, KeyError) as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    out["trace"], out["meta"] = trace, meta
+        for out in outs:
+            out["error"] = f"{type(e).__name__}: {e}"
+    for out in outs:
+        if not out["trace"] and "error" not in out:
+            out["error"] = "the server streamed nothing for this prompt"
+    return outs
 
 
 def steps_at(trace: list[tuple[float, int]], t: float) -> tuple[float, int]:
@@ -237,14 +247,7 @@ def verify_experts(delta: dict, tokens: int) -> dict | None:
 def measure_level(url: str, mode: Mode, concurrency: int, opts, seed: int) -> dict:
     prompts = prompt_ids(concurrency, opts.input_len, seed)
     before = probe(url)
-    outs = [{} for _ in prompts]
-    threads = [
-        threading.Thread(target=stream_request, args=(url, p, opts.output_len, o)) for p, o in zip(prompts, outs)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outs = stream_requests(url, prompts, opts.output_len)
     errors = [o["error"] for o in outs if "error" in o]
     if errors:
         raise BenchError(f"{mode.name} at concurrency {concurrency}: {errors[0]}")
@@ -275,8 +278,7 @@ def measure_server(url: str, mode: Mode, opts) -> tuple[dict, list[dict]]:
     keys = ("model_path", "tp_size", "ep_size", "moe_a2a_backend", "dtype", "quantization", "attention_backend",
             "speculative_draft_model_path", "load_format")  # fmt: skip
     setup = {key: info.get(key) for key in keys}
-    warm = {}
-    stream_request(url, prompt_ids(1, opts.input_len, 0)[0], 2, warm)  # the first request's one-time costs
+    (warm,) = stream_requests(url, prompt_ids(1, opts.input_len, 0), 2)  # the first request's one-time costs
     if "error" in warm:
         raise BenchError(f"{mode.name}: the warm-up request failed ({warm['error']})")
     rows = []
