@@ -20,7 +20,12 @@ from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
 from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.cost_probe import ENV as COST_PROBE_ENV
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
-from sglang_kimi.options import DEBUG_GREEDY_VERIFY_ENV, HARDENING_ENV, SpeculativeConfigError
+from sglang_kimi.options import (
+    CHECK_DRAFT_GRAPH_ENV,
+    DEBUG_GREEDY_VERIFY_ENV,
+    HARDENING_ENV,
+    SpeculativeConfigError,
+)
 
 PREFIX = "SGLANG_KIMI_"
 AITER_ON_VALUES = ("1", "true", "yes", "on")  # aiter_overrides keeps the overrides for any value not off
@@ -33,6 +38,7 @@ VARIABLES = {
     MOE_CONFIG_DIR_ENV: "the folder of `sglang-kimi tune moe` tables",
     HARDENING_ENV: "0 to leave SGLang's own API behaviour (the hardening group off), 1 to keep the fixes",
     COST_PROBE_ENV: "1 to time every forward and count the experts each MoE layer reads (bench/bench_step_cost.py)",
+    CHECK_DRAFT_GRAPH_ENV: "1 to recompute every replayed drafter graph's draft eagerly and log differences",
 }
 
 
@@ -70,6 +76,12 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         raise EnvironmentSettingError(
             f"{COST_PROBE_ENV}={probe}: only 1 turns the cost probe on (forwards timed between device "
             f"synchronisations): set 1 or 0, or unset it"
+        )
+    check = env.get(CHECK_DRAFT_GRAPH_ENV, "")
+    if check not in ("", "0", "1"):
+        raise EnvironmentSettingError(
+            f"{CHECK_DRAFT_GRAPH_ENV}={check}: only 1 turns the drafter-graph check on (each replayed draft recomputed "
+            f"eagerly): set 1 or 0, or unset it"
         )
     hardening = env.get(HARDENING_ENV, "")
     if hardening not in ("", "0", "1"):

@@ -19,7 +19,8 @@ outside SGLang's own calls reads the device on the host (``docs/ddtree.md``, "Th
 synchronisation"); the tree mask's blocks are written in place (``tree_verify_inputs.write_tree_mask``).
 
 With CUDA graphs the verify of the full window replays SGLang's target graph, captured with the tree mask
-(``tree_verify_graphs.py``); narrower windows and larger batches run eager, and so does the drafter.
+(``tree_verify_graphs.py``), and the drafter replays its own graphs, captured at the block's width with the ranking
+and the tree build as their captured tail (``drafter_graph.py``); narrower windows and larger batches run eager.
 
 With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too (a chain is a path tree of the
 block's argmax drafts) and each step runs the width ``w`` the policy chose for its batch
@@ -39,7 +40,12 @@ from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+    enable_num_token_non_padded,
+)
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -58,6 +64,7 @@ from sglang_kimi.options import debug_greedy_verify, plugin_args
 from sglang_kimi.speculative.metrics import draft_health
 from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
+from sglang_kimi.speculative.workers.drafter_graph import DraftTail, block_width, check_replays, same_draft
 from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
 from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
@@ -140,27 +147,51 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         self.adaptive = None
         self._mask_buffer: torch.Tensor | None = None  # the tree mask's buffer when the target backend has none
+        self._tail: DraftTail | None = None  # the drafter graphs' captured draft side (TP 1, graphs captured)
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
         mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
 
+    def init_attention_backends(self):
+        """SGLang's DFLASH set-up, at the block's width: the drafter's attention metadata sized for the block it
+        runs, not for the verify window ``speculative_num_draft_tokens`` holds on a tree server."""
+        with block_width(self.block_size):
+            super().init_attention_backends()
+
     def init_cuda_graphs(self):
-        """SGLang's DFLASH set-up, with the drafter eager: the drafter's graphs are captured for SGLang's chain
-        (the verify window's width, its argmax head folded in), while this worker runs the drafter over the block,
-        a different width, and ranks the drafts with the LM head itself. The target's verify graphs must carry
-        the tree mask."""
-        draft_worker = self._draft_worker
-        capture = draft_worker.init_cuda_graphs
-
-        def without_draft_graphs(capture_decode_cuda_graph: bool = True):
-            return capture(capture_decode_cuda_graph=False)
-
-        draft_worker.init_cuda_graphs = without_draft_graphs  # this worker's drafter only, for this call
-        try:
+        """SGLang's DFLASH set-up, with the drafter's graphs captured at the block's width (as SGLang captures a
+        chain's drafter whose block is this block) and the draft side as their captured tail, where the ranking
+        needs no collective (TP 1). The target's verify graphs must carry the tree mask."""
+        tail = self._new_draft_tail()
+        if tail is not None:  # kept, as SGLang keeps its chain's: a later re-capture folds it in again
+            self.draft_model_runner.capture_tail_hooks.append(tail)
+        with block_width(self.block_size):
             super().init_cuda_graphs()
-        finally:
-            del draft_worker.init_cuda_graphs
+        self._tail = tail if tail is not None and tail.captured_bs else None
+        if self._tail is not None:
+            logger.info(
+                "DFlash drafter graphs at the block's width %d for batches %s, the draft side of width %d captured",
+                self.block_size,
+                sorted(self._tail.captured_bs),
+                self._tail.width,
+            )
         check_target_graphs(self.target_worker.model_runner)
         self._start_adaptive()
+
+    def _new_draft_tail(self) -> DraftTail | None:
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        if getattr(lm_head, "shard_indices", None) is not None and int(get_parallel().tp_group.world_size) > 1:
+            return None  # the ranking all-gathers the shards' candidates: it runs after the replay
+        vocab = int(self.model_runner.model_config.vocab_size)
+        runner = self.target_worker.model_runner
+        target_graphs = getattr(runner, "decode_cuda_graph_runner", None)  # captured before the drafter's
+        return DraftTail(
+            lm_head.weight[:vocab],
+            block=self.block_size,
+            width=self.max_width,
+            tree=self.tree_budget is not None,
+            use_kernel=self._use_triton_ddtree,
+            max_bs=max(int(runner.req_to_token_pool.size), int(getattr(target_graphs, "max_bs", 0) or 0)),
+        )
 
     def _maybe_build_draft_sampler(self):
         return None  # SGLang's in-graph argmax of the chain's drafts: the tree ranks each position's top K instead
@@ -363,9 +394,16 @@ class DFlashTreeWorker(DFlashWorkerV2):
         Returns (tree, positions [bs, N], ancestor mask [bs, N, N])."""
         phases = phases or NO_PHASES
         phases.enter("draft_forward")
-        draft_hidden = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
-        phases.enter("draft_rank")
+        draft_hidden, replayed = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
         is_tree = self.tree_budget is not None
+        if replayed and self._tail is not None and width == self._tail.width:
+            draft = self._tail.result(len(root))  # the graph's tail ranked and built it
+            if check_replays():
+                same_draft(draft, self._tail.draft(draft_hidden, root, prefix_lens))
+            tree, positions, ancestor, nonfinite = draft
+            draft_health.add(nonfinite)
+            return tree, positions, ancestor
+        phases.enter("draft_rank")
         hidden = draft_hidden[:, 1 : min(width, self.block_size - 1) + 1]  # [bs, D, H]: the draft positions
         ranked_lp, ranked_ids = self._ranked_draft_logprobs(hidden, width if is_tree else 1)  # [bs, D, K]
         phases.enter("tree_build")
@@ -385,8 +423,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
             read_extent=slots.shape[1],
         )
 
-    def _draft_block(self, batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan) -> torch.Tensor:
-        """Hidden states [bs, B, H] of the DFlash drafter over the block [root, mask x (B-1)]."""
+    def _draft_block(self, batch, root, prefix_lens, seq_lens_cpu, kv_loc_plan) -> tuple[torch.Tensor, bool]:
+        """Hidden states [bs, B, H] of the DFlash drafter over the block [root, mask x (B-1)], and whether the
+        forward replayed a captured graph (the batch as SGLang's chain hands its drafter one)."""
         bs, block = root.shape[0], self.block_size
         block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
         block_ids[:, 0] = root
@@ -411,8 +450,13 @@ class DFlashTreeWorker(DFlashWorkerV2):
             spec_algorithm=SpeculativeAlgorithm.DFLASH,
             spec_info=self._draft_block_spec_info,
             capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * block, dtype=torch.int32, device=self.device)
+                if enable_num_token_non_padded()
+                else None
+            ),
             global_num_token_non_padded_cpu=bs * block,
-            can_run_decode_cuda_graph=False,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
         # The block's scratch KV goes to the first B slots of the window; the verify rewrites them.
         kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
@@ -421,7 +465,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
-        return hidden.view(bs, block, -1)
+        return hidden[: bs * block].view(bs, block, -1), bool(getattr(out, "can_run_graph", False))
 
     def _ranked_draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each draft position's best min(k, V) tokens under the target's LM head: hidden [bs, D, H] -> (log-probs
