@@ -21,8 +21,9 @@ from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.cost_probe import ENV as COST_PROBE_ENV
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
 from sglang_kimi.options import (
-    CHECK_DRAFT_GRAPH_ENV,
     DEBUG_GREEDY_VERIFY_ENV,
+    DRAFT_GRAPHS_ENV,
+    DRAFT_GRAPHS_VALUES,
     HARDENING_ENV,
     SpeculativeConfigError,
 )
@@ -38,7 +39,7 @@ VARIABLES = {
     MOE_CONFIG_DIR_ENV: "the folder of `sglang-kimi tune moe` tables",
     HARDENING_ENV: "0 to leave SGLang's own API behaviour (the hardening group off), 1 to keep the fixes",
     COST_PROBE_ENV: "1 to time every forward and count the experts each MoE layer reads (bench/bench_step_cost.py)",
-    CHECK_DRAFT_GRAPH_ENV: "1 to recompute every replayed drafter graph's draft eagerly and log differences",
+    DRAFT_GRAPHS_ENV: "0 to run a DFLASH tree server's drafter eager, check to recompute each replayed draft, or 1",
 }
 
 
@@ -77,11 +78,11 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             f"{COST_PROBE_ENV}={probe}: only 1 turns the cost probe on (forwards timed between device "
             f"synchronisations): set 1 or 0, or unset it"
         )
-    check = env.get(CHECK_DRAFT_GRAPH_ENV, "")
-    if check not in ("", "0", "1"):
+    graphs = env.get(DRAFT_GRAPHS_ENV, "")
+    if graphs not in DRAFT_GRAPHS_VALUES:
         raise EnvironmentSettingError(
-            f"{CHECK_DRAFT_GRAPH_ENV}={check}: only 1 turns the drafter-graph check on (each replayed draft recomputed "
-            f"eagerly): set 1 or 0, or unset it"
+            f"{DRAFT_GRAPHS_ENV}={graphs}: set 1 (the DFLASH tree drafter's CUDA graphs, the default), 0 (the drafter "
+            f"eager) or check (graphs, each replayed draft recomputed eagerly), or unset it"
         )
     hardening = env.get(HARDENING_ENV, "")
     if hardening not in ("", "0", "1"):

@@ -29,8 +29,10 @@ CPU_SPECULATIVE_BACKENDS = ("kimi_cpu", "triton")
 # Debugging only: makes every plugin verification greedy, even for sampled requests (NOT lossless). It exists so
 # that tests and the GSM8K gate can show they fail on a broken verifier; a warning is logged at start-up.
 DEBUG_GREEDY_VERIFY_ENV = "SGLANG_KIMI_DEBUG_GREEDY_VERIFY"
-# Checking only: each replayed drafter graph's draft recomputed eagerly (speculative/workers/drafter_graph.py).
-CHECK_DRAFT_GRAPH_ENV = "SGLANG_KIMI_CHECK_DRAFT_GRAPH"
+# A DFLASH tree server's drafter graphs (speculative/workers/drafter_graph.py): unset or 1 captured, 0 the drafter
+# eager, check captured and every replayed draft recomputed eagerly (a GPU check, not for serving).
+DRAFT_GRAPHS_ENV = "SGLANG_KIMI_DRAFT_GRAPHS"
+DRAFT_GRAPHS_VALUES = ("", "1", "0", "check")
 # 0: the hardening group (hardening/registrations.py) is not registered and SGLang's own API behaviour stays.
 HARDENING_ENV = "SGLANG_KIMI_HARDENING"
 

@@ -106,7 +106,9 @@ def test_the_check_counts_a_replayed_draft_that_differs(monkeypatch, caplog):
     assert not same_draft(tail.result(2), eager)
     assert drafter_graph._checked == {"steps": 2, "differed": 1}
     assert "differs from the eager draft" in caplog.text
-    monkeypatch.setenv(drafter_graph.CHECK_ENV, "1")
-    assert drafter_graph.check_replays()
-    monkeypatch.setenv(drafter_graph.CHECK_ENV, "0")
-    assert not drafter_graph.check_replays()
+    env = drafter_graph.DRAFT_GRAPHS_ENV
+    for value, graphs, check in (("check", True, True), ("1", True, False), ("0", False, False)):
+        monkeypatch.setenv(env, value)
+        assert (drafter_graph.draft_graphs(), drafter_graph.check_replays()) == (graphs, check), value
+    monkeypatch.delenv(env)
+    assert (drafter_graph.draft_graphs(), drafter_graph.check_replays()) == (True, False)

@@ -51,7 +51,8 @@ def profile_step(worker, batch_size: int, width: int, repeats: int) -> float:
     device = worker.device
     window, block = width + 1, worker.block_size
     req_pool_indices, prefix, prefix_cpu = dummy_batch(runner, device, batch_size, max(window, block))
-    batch = SimpleNamespace(req_pool_indices=req_pool_indices, seq_lens=prefix)
+    # a batch of the served shape: the drafter replays its graph where a served step would
+    batch = SimpleNamespace(req_pool_indices=req_pool_indices, seq_lens=prefix, can_run_decode_cuda_graph=True)
     root = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [bs]
 
     def one_step():

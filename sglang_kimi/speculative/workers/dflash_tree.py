@@ -60,11 +60,17 @@ try:  # return_sampling_mask for speculative decoding (a release without it has 
 except ImportError:
     SpeculativeSamplingMaskCapture = None
 
-from sglang_kimi.options import debug_greedy_verify, plugin_args
+from sglang_kimi.options import DRAFT_GRAPHS_ENV, debug_greedy_verify, plugin_args
 from sglang_kimi.speculative.metrics import draft_health
 from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
-from sglang_kimi.speculative.workers.drafter_graph import DraftTail, block_width, check_replays, same_draft
+from sglang_kimi.speculative.workers.drafter_graph import (
+    DraftTail,
+    block_width,
+    check_replays,
+    draft_graphs,
+    same_draft,
+)
 from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
 from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
@@ -161,12 +167,22 @@ class DFlashTreeWorker(DFlashWorkerV2):
         """SGLang's DFLASH set-up, with the drafter's graphs captured at the block's width (as SGLang captures a
         chain's drafter whose block is this block) and the draft side as their captured tail, where the ranking
         needs no collective (TP 1). The target's verify graphs must carry the tree mask."""
-        tail = self._new_draft_tail()
-        if tail is not None:  # kept, as SGLang keeps its chain's: a later re-capture folds it in again
-            self.draft_model_runner.capture_tail_hooks.append(tail)
-        with block_width(self.block_size):
-            super().init_cuda_graphs()
-        self._tail = tail if tail is not None and tail.captured_bs else None
+        if not draft_graphs():
+            self._eager_drafter()
+        else:
+            tail = self._new_draft_tail()
+            if tail is not None:  # kept, as SGLang keeps its chain's: a later re-capture folds it in again
+                self.draft_model_runner.capture_tail_hooks.append(tail)
+            try:
+                with block_width(self.block_size):
+                    super().init_cuda_graphs()
+            except Exception as e:
+                raise RuntimeError(
+                    f"capturing the DFlash drafter's CUDA graphs at the block's width ({self.block_size} tokens a "
+                    f"request) failed: {type(e).__name__}: {e}. Start with {DRAFT_GRAPHS_ENV}=0 to run the drafter "
+                    f"eager (the target keeps its graphs)"
+                ) from e
+            self._tail = tail if tail is not None and tail.captured_bs else None
         if self._tail is not None:
             logger.info(
                 "DFlash drafter graphs at the block's width %d for batches %s, the draft side of width %d captured",
@@ -176,6 +192,21 @@ class DFlashTreeWorker(DFlashWorkerV2):
             )
         check_target_graphs(self.target_worker.model_runner)
         self._start_adaptive()
+
+    def _eager_drafter(self):
+        """SGLang's DFLASH set-up with its drafter capture off (as SGLang does when graphs are off)."""
+        draft_worker = self._draft_worker
+        capture = draft_worker.init_cuda_graphs
+
+        def without_draft_graphs(capture_decode_cuda_graph: bool = True):
+            return capture(capture_decode_cuda_graph=False)
+
+        draft_worker.init_cuda_graphs = without_draft_graphs  # this worker's drafter only, for this call
+        try:
+            with block_width(self.block_size):
+                super().init_cuda_graphs()
+        finally:
+            del draft_worker.init_cuda_graphs
 
     def _new_draft_tail(self) -> DraftTail | None:
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)

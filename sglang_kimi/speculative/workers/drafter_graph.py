@@ -17,9 +17,11 @@ larger than the largest graph, an adaptive width narrower than the widest) compu
 hidden states. Under tensor parallelism the ranking all-gathers the shards' candidates, so there is no tail and the
 ranking runs after the replay.
 
-``SGLANG_KIMI_CHECK_DRAFT_GRAPH=1`` (a check for a GPU run, not for serving: it adds the eager draft's work to every
-replayed step) recomputes each replayed step's draft eagerly from the replayed hidden states and logs an error for a
-step whose tree, positions or mask differ; the log says how many replayed steps were checked.
+``SGLANG_KIMI_DRAFT_GRAPHS``: unset or ``1`` captures the drafter's graphs where SGLang would capture a chain's;
+``0`` leaves the drafter eager (SGLang's capture of it stays off, as with graphs off); ``check`` captures them and
+recomputes each replayed step's draft eagerly from the replayed hidden states, logging an error for a step whose
+tree, positions or mask differ and how many replayed steps were checked (a GPU check, not for serving: every
+replayed step also pays the eager draft).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from contextlib import contextmanager
 import torch
 from sglang.srt.runtime_context import get_spec
 
-from sglang_kimi.options import CHECK_DRAFT_GRAPH_ENV as CHECK_ENV
+from sglang_kimi.options import DRAFT_GRAPHS_ENV
 from sglang_kimi.speculators.tree_step import draft_side
 from sglang_kimi.speculators.trees import DraftTree
 
@@ -40,8 +42,12 @@ logger = logging.getLogger(__name__)
 _checked = {"steps": 0, "differed": 0}
 
 
+def draft_graphs() -> bool:
+    return os.environ.get(DRAFT_GRAPHS_ENV, "1") != "0"
+
+
 def check_replays() -> bool:
-    return os.environ.get(CHECK_ENV, "0") == "1"
+    return os.environ.get(DRAFT_GRAPHS_ENV, "1") == "check"
 
 
 def same_draft(replayed: tuple, eager: tuple) -> bool:
@@ -55,9 +61,9 @@ def same_draft(replayed: tuple, eager: tuple) -> bool:
     _checked["steps"] += 1
     if not same:
         _checked["differed"] += 1
-        logger.error("%s: a replayed step's draft differs from the eager draft (%s)", CHECK_ENV, _checked)
+        logger.error("%s=check: a replayed step's draft differs from the eager draft (%s)", DRAFT_GRAPHS_ENV, _checked)
     elif _checked["steps"] in (1, 10, 100, 1000) or _checked["steps"] % 10000 == 0:
-        logger.info("%s: %s", CHECK_ENV, _checked)
+        logger.info("%s=check: replayed drafts equal the eager ones (%s)", DRAFT_GRAPHS_ENV, _checked)
     return same
 
 
