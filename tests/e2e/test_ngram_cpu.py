@@ -17,7 +17,8 @@ PENALISED = {"frequency_penalty": 0.5, "repetition_penalty": 1.3, "min_new_token
 CONSTRAINED = {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})}
 
 
-NGRAM = server_config("ngram", ["--speculative-algorithm", "NGRAM"])
+# SGLang sizes the n-gram cache for 10M entries by default (2.7 GB resident); these requests need a few thousand
+NGRAM = server_config("ngram", ["--speculative-algorithm", "NGRAM", "--speculative-ngram-capacity", "100000"])
 SERVERS = [NGRAM, TINY]
 
 
