@@ -21,6 +21,7 @@ from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.cost_probe import ENV as COST_PROBE_ENV
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
 from sglang_kimi.options import (
+    ACCEPTANCE_TRACE_ENV,
     DEBUG_GREEDY_VERIFY_ENV,
     DRAFT_GRAPHS_ENV,
     DRAFT_GRAPHS_VALUES,
@@ -40,6 +41,7 @@ VARIABLES = {
     HARDENING_ENV: "0 to leave SGLang's own API behaviour (the hardening group off), 1 to keep the fixes",
     COST_PROBE_ENV: "1 to time every forward and count the experts each MoE layer reads (bench/bench_step_cost.py)",
     DRAFT_GRAPHS_ENV: "0 to run a DFLASH tree server's drafter eager, check to recompute each replayed draft, or 1",
+    ACCEPTANCE_TRACE_ENV: "a file to append each tree step's accepted paths to (scripts/record_acceptance.py)",
 }
 
 
@@ -83,6 +85,11 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         raise EnvironmentSettingError(
             f"{DRAFT_GRAPHS_ENV}={graphs}: set 1 (the DFLASH tree drafter's CUDA graphs, the default), 0 (the drafter "
             f"eager) or check (graphs, each replayed draft recomputed eagerly), or unset it"
+        )
+    trace = env.get(ACCEPTANCE_TRACE_ENV, "")
+    if trace and not os.path.isdir(os.path.dirname(os.path.abspath(trace))):
+        raise EnvironmentSettingError(
+            f"{ACCEPTANCE_TRACE_ENV}={trace}: its folder does not exist; name a file in an existing folder, or unset it"
         )
     hardening = env.get(HARDENING_ENV, "")
     if hardening not in ("", "0", "1"):

@@ -33,6 +33,9 @@ DEBUG_GREEDY_VERIFY_ENV = "SGLANG_KIMI_DEBUG_GREEDY_VERIFY"
 # eager, check captured and every replayed draft recomputed eagerly (a GPU check, not for serving).
 DRAFT_GRAPHS_ENV = "SGLANG_KIMI_DRAFT_GRAPHS"
 DRAFT_GRAPHS_VALUES = ("", "1", "0", "check")
+# Recording only: a file a DFLASH tree server appends each request's accepted path of every step to
+# (speculative/acceptance_trace.py; scripts/record_acceptance.py reads it).
+ACCEPTANCE_TRACE_ENV = "SGLANG_KIMI_ACCEPTANCE_TRACE"
 # 0: the hardening group (hardening/registrations.py) is not registered and SGLang's own API behaviour stays.
 HARDENING_ENV = "SGLANG_KIMI_HARDENING"
 

@@ -15,7 +15,9 @@ where verify cost grows with the tokens verified. The two inputs are estimated o
   or did not draft says nothing about it: only positions ``d <= min(width, accepted + 1)`` are counted.
 - :class:`TreeAcceptance`: for trees (and any family of widths whose gain is not a product of positions), the mean
   committed tokens per step of each width, decayed; a width not yet observed borrows from its nearest observed
-  neighbours, optimistically, so that exploration reaches it.
+  neighbours, optimistically, so that exploration reaches it. DDTree budgets are nested (the tree of budget ``b`` is
+  the first ``b`` nodes of any wider one), so a step of width ``w`` that reports its accepted path measures every
+  narrower candidate width on the same requests: ``docs/adaptive.md``, "Nested tree budgets".
 - :class:`CostTable`: seconds per step by (bucket, width), from a start-up profile scaled by how far the real
   steps' timings fell from it, each cell replaced by the steps' own timings (decayed) once it has run.
 
@@ -76,8 +78,9 @@ class ChainAcceptance:
         self._conditional: list[float] | None = None  # a_d by position until the next observation
         self._expected: list[float] | None = None  # E_w by width until the next observation
 
-    def observe(self, width: int, accepted: Sequence[int]) -> None:
-        """One step of ``width`` drafts; ``accepted[r]`` drafts accepted by request r (bonus excluded)."""
+    def observe(self, width: int, accepted: Sequence[int], paths: Sequence[Sequence[int]] | None = None) -> None:
+        """One step of ``width`` drafts; ``accepted[r]`` drafts accepted by request r (bonus excluded). ``paths``
+        (trees only) is not needed: a chain's depth already says what every narrower chain accepts."""
         if width <= 0:
             return
         width = min(width, self.max_width)
@@ -123,6 +126,17 @@ class ChainAcceptance:
         return [round(self.conditional(d), 4) for d in range(1, self.max_width + 1)]
 
 
+def nodes_within(path: Sequence[int], budget: int) -> int:
+    """The leading nodes of an accepted ``path`` (node numbers, root excluded, increasing) that a tree of the first
+    ``budget`` nodes holds: the drafts that tree accepts. Example: path [1, 3, 9], budget 4 -> 2."""
+    n = 0
+    for node in path:
+        if node > budget:
+            break
+        n += 1
+    return n
+
+
 class TreeAcceptance:
     """Committed tokens per step for each candidate width (tree budgets), decayed, shared by every bucket.
 
@@ -142,11 +156,23 @@ class TreeAcceptance:
         self.tau = {w: Decayed() for w in self.widths}
         self._pooled: dict[int, float] | None = None  # pooled() until the next observation
 
-    def observe(self, width: int, accepted: Sequence[int]) -> None:
-        if width not in self.tau:
+    def observe(self, width: int, accepted: Sequence[int], paths: Sequence[Sequence[int]] | None = None) -> None:
+        """One step of a tree of ``width`` nodes; ``accepted[r]`` drafts accepted by request r. ``paths[r]``, when
+        given, are request r's accepted node numbers (root excluded; a DDTree numbers its nodes best first, so they
+        increase along the path): the tree of a narrower budget ``b`` is the first ``b`` nodes, and it would have
+        accepted the path's leading nodes numbered ``<= b`` (greedy exactly; sampled, coin for coin). Every
+        candidate width up to ``width`` is then measured on the same requests."""
+        if paths is None:
+            if width in self.tau:
+                for a in accepted:
+                    self.tau[width].add(1.0 + int(a), self.decay)
+                self._pooled = None
             return
-        for a in accepted:
-            self.tau[width].add(1.0 + int(a), self.decay)
+        for b in self.widths:
+            if b > width:
+                break
+            for path in paths:
+                self.tau[b].add(1.0 + nodes_within(path, b), self.decay)
         self._pooled = None
 
     def pooled(self) -> dict[int, float]:
@@ -459,12 +485,19 @@ class WidthPolicy:
         state.explorations += 1
         return width
 
-    def observe(self, batch_size: int, width: int, accepted: Sequence[int], seconds: float | None) -> None:
+    def observe(
+        self,
+        batch_size: int,
+        width: int,
+        accepted: Sequence[int],
+        seconds: float | None,
+        paths: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         """The outcome of a step: ``accepted[r]`` drafts accepted per request, ``seconds`` it took (None if not
-        measured)."""
+        measured), ``paths[r]`` the accepted node numbers of a tree step (:meth:`TreeAcceptance.observe`)."""
         bucket = self.bucket(batch_size)
         if width > 0:
-            self.acceptance.observe(width, accepted)
+            self.acceptance.observe(width, accepted, paths)
         if seconds is not None and seconds > 0 and math.isfinite(seconds):
             self.costs.observe(bucket, width, seconds)
         state = self.state[bucket]

@@ -24,6 +24,10 @@ from sglang_kimi.environment import VARIABLES, EnvironmentSettingError, check_en
         ({"SGLANG_KIMI_COST_PROBE": "on"}, ["SGLANG_KIMI_COST_PROBE=on: only 1 turns the cost probe on"]),
         ({"SGLANG_KIMI_COST_PROBES": "1"}, ["did you mean SGLANG_KIMI_COST_PROBE"]),
         (
+            {"SGLANG_KIMI_ACCEPTANCE_TRACE": "/nonexistent/folder/paths.jsonl"},
+            ["/nonexistent/folder/paths.jsonl: its folder does not exist"],
+        ),
+        (
             {"SGLANG_KIMI_DRAFT_GRAPHS": "off"},
             ["SGLANG_KIMI_DRAFT_GRAPHS=off: set 1", "0 (the drafter eager)"],
         ),
@@ -46,6 +50,7 @@ def test_what_the_readers_take_is_accepted(tmp_path):
             "SGLANG_KIMI_HARDENING": "0",
             "SGLANG_KIMI_COST_PROBE": "1",
             "SGLANG_KIMI_DRAFT_GRAPHS": "check",
+            "SGLANG_KIMI_ACCEPTANCE_TRACE": str(tmp_path / "paths.jsonl"),
             # SGLang's own variables under the prefix, and names far from any of the plugin's
             "SGLANG_KIMI_K3_VIT_CUDA_GRAPH_MIN_HITS": "3",
             "SGLANG_KIMI_WHEEL": "dist/x.whl",

@@ -117,24 +117,31 @@ class AdaptiveRuntime:
     def end(self):
         return self.clock.mark()
 
-    def finish(self, start, batch_size: int, width: int, accepted: torch.Tensor) -> None:
+    def finish(
+        self, start, batch_size: int, width: int, accepted: torch.Tensor, paths: torch.Tensor | None = None
+    ) -> None:
         """The step ran ``width`` for ``batch_size`` requests and ends now; ``accepted`` [bs] drafts accepted per
-        request."""
-        self.record(start, self.clock.mark(), batch_size, width, accepted)
+        request; ``paths`` [bs, D+1] a tree step's accepted nodes (the root, then the path, negative after)."""
+        self.record(start, self.clock.mark(), batch_size, width, accepted, paths)
 
-    def record(self, start, end, batch_size: int, width: int, accepted: torch.Tensor) -> None:
+    def record(
+        self, start, end, batch_size: int, width: int, accepted: torch.Tensor, paths: torch.Tensor | None = None
+    ) -> None:
         """A step between the marks ``start`` and ``end`` (``start()`` / ``end()``), whose accepted counts were
         known only later (SGLang's EAGLE worker: they reach the host in the scheduler's result processing)."""
-        self._pending.append((start, end, batch_size, width, accepted.detach()))
+        paths = None if paths is None else paths.detach()
+        self._pending.append((start, end, batch_size, width, accepted.detach(), paths))
         if not self.clock.cuda:
             self.drain()
 
     def drain(self) -> None:
         drained = False
         while self._pending and self.clock.ready(self._pending[0][1]):
-            start, end, batch_size, width, accepted = self._pending.popleft()
+            start, end, batch_size, width, accepted, paths = self._pending.popleft()
+            if paths is not None:  # the root's column dropped, the padding after each path too
+                paths = [[n for n in row[1:] if n > 0] for row in paths.tolist()]
             with self._lock:
-                self.policy.observe(batch_size, width, accepted.tolist(), self.clock.seconds(start, end))
+                self.policy.observe(batch_size, width, accepted.tolist(), self.clock.seconds(start, end), paths)
             drained = True
         if drained:
             self._update_gauges()

@@ -61,6 +61,7 @@ except ImportError:
     SpeculativeSamplingMaskCapture = None
 
 from sglang_kimi.options import DRAFT_GRAPHS_ENV, debug_greedy_verify, plugin_args
+from sglang_kimi.speculative.acceptance_trace import append_paths, trace_file
 from sglang_kimi.speculative.metrics import draft_health
 from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
@@ -154,6 +155,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         self.adaptive = None
         self._mask_buffer: torch.Tensor | None = None  # the tree mask's buffer when the target backend has none
         self._tail: DraftTail | None = None  # the drafter graphs' captured draft side (TP 1, graphs captured)
+        self._trace_file = trace_file()  # recording the accepted paths (acceptance_trace.py)
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
         mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
 
@@ -371,7 +373,12 @@ class DFlashTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
 
         if self.adaptive is not None:
-            self.adaptive.finish(started, bs, width, result.num_accepted)
+            # a tree's path measures every narrower budget on the same requests; a chain's depth already does
+            paths = result.accepted_nodes if self.tree_budget is not None else None
+            self.adaptive.finish(started, bs, width, result.num_accepted, paths)
+        if self._trace_file is not None and self.tree_budget is not None:
+            rank = int(get_parallel().tp_group.rank_in_group)
+            append_paths(self._trace_file, [req.rid for req in batch.reqs], width, result.accepted_nodes, rank)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
