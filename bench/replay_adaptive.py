@@ -17,8 +17,12 @@ acceptance estimate and cost table ``start_runtime`` gives it, through ``Adaptiv
   Kimi-K2.6 (64 / 34 / 18 / 9 / 3 / 1 / 0.5 %, a depth drawn per step from a seeded stream). Outcomes are drawn in
   recorded order per request: the k-th decode step of a replayed request takes the k-th recorded step of its
   recording (the same draw for every contender). A chain recorded at its full width gives every narrower chain's
-  outcome (the depth its drafts reached, capped at the width); a tree budget has its own recording (budget 1 is
-  the chain's first draft). A request that runs more steps than its recording wraps around it. The texts' token
+  outcome (the depth its drafts reached, capped at the width); a tree recorded at its widest budget with each
+  step's accepted path (node numbers, best first) gives every narrower budget's outcome on the same step (the
+  path's nodes numbered within the budget: DDTree budgets are nested), and the policy sees those paths as a server's
+  tree worker hands them over; without paths each budget has its own recording (budget 1 is the chain's first
+  draft). The paired environment prints how often each budget's own recording agrees with it on the first step
+  (the one step whose context is the same for every budget). A request that runs more steps than its recording wraps around it. The texts' token
   positions are not followed: narrow chains take more steps per token than the recording did, and meet the recorded
   sequence of easy and hard steps, not the same tokens.
 - **Cost** ``t(B, w)``: seconds per step by batch and width, from ``bench/results/bench_adaptive.json`` (CPU: the
@@ -116,6 +120,10 @@ class Source:
     def accepted(self, request: int, step: int, width: int) -> int:
         raise NotImplementedError
 
+    def path(self, request: int, step: int, width: int) -> list[int] | None:
+        """The accepted node numbers of that step (a tree source that recorded them), else None."""
+        return None
+
     def steps_at(self, request: int, length: int, width: int) -> int:
         """Steps request ``request`` of ``length`` tokens takes at a static ``width`` (as :func:`replay` runs it)."""
         key = (request, length, width)
@@ -189,6 +197,58 @@ class TreeTraces(Source):
         return steps[step % len(steps)]
 
 
+class NestedTreeTraces(Source):
+    """A tree recorded at its widest budget with each step's accepted path (node numbers, best first): every budget
+    ``b`` up to it accepts the path's nodes numbered within ``b`` on the same step, since the tree of budget ``b``
+    is the first ``b`` nodes of the wider one (``speculators.policy.nodes_within``). Budget 1 is the chain's first
+    draft, budget 0 no speculation. ``recorded``: the other budgets' own recordings, for :meth:`agreement`."""
+
+    family = "tree"
+
+    def __init__(
+        self,
+        name: str,
+        width: int,
+        paths: Sequence[Sequence[Sequence[int]] | None],
+        recorded: dict[int, Sequence[Sequence[int] | None]] | None = None,
+    ):
+        self.name = name
+        self.max_width = width
+        kept = [i for i, p in enumerate(paths) if p]
+        if not kept:
+            raise ValueError(f"acceptance trace {name}: no request with recorded paths")
+        self.paths = [list(paths[next((j for j in kept if j >= i), kept[0])]) for i in range(len(paths))]
+        self.widths = tuple(sorted({0, *TREE_WIDTHS} & set(range(width + 1)) | {width}))
+        self.recorded = {b: _aligned(f"{name} budget {b}", r) for b, r in (recorded or {}).items()}
+
+    def _path(self, request: int, step: int) -> list[int]:
+        steps = self.paths[request % len(self.paths)]
+        return steps[step % len(steps)]
+
+    def accepted(self, request: int, step: int, width: int) -> int:
+        from sglang_kimi.speculators.policy import nodes_within
+
+        if width > self.max_width:
+            raise KeyError(f"acceptance trace {self.name}: recorded up to budget {self.max_width}, not {width}")
+        return nodes_within(self._path(request, step), width) if width > 0 else 0
+
+    def path(self, request: int, step: int, width: int) -> list[int] | None:
+        path = self._path(request, step)
+        return path[: self.accepted(request, step, width)]
+
+    def agreement(self) -> dict[int, float]:
+        """Per budget recorded on its own server: the share of requests whose first decode step accepted what the
+        widest recording's first path gives that budget (the first step of every budget sees the same context;
+        later steps do not, once the budgets have committed differently)."""
+        out = {}
+        for b, requests in sorted(self.recorded.items()):
+            if b > self.max_width or b == self.max_width:
+                continue
+            pairs = [(r[0], self.accepted(i, 0, b)) for i, r in enumerate(requests) if r]
+            out[b] = sum(x == y for x, y in pairs) / len(pairs) if pairs else float("nan")
+        return out
+
+
 class Curve(Source):
     """A chain drafter known by its per-position acceptance ``P(at least d drafts accepted)``: each (request, step)
     draws the depth its drafts reach from a seeded stream, so every width meets the same draws."""
@@ -223,13 +283,19 @@ def load_traces(path: Path = TRACES) -> dict[str, Source]:
     for name, t in traces.items():
         if t["family"] == "chain":
             sources[name] = ChainTraces(name, t["requests"], t["width"])
-    groups: dict[str, dict[int, list]] = {}
+    groups: dict[str, dict[int, dict]] = {}
     for name, t in traces.items():
         if t["family"] == "tree":
-            groups.setdefault(name.split("/")[0], {})[int(t["width"])] = t["requests"]
+            groups.setdefault(name.split("/")[0], {})[int(t["width"])] = t
     for drafter, budgets in groups.items():
-        chain = sources.get(f"{drafter}/dflash-chain")
-        sources[f"{drafter}/dflash-tree"] = TreeTraces(f"{drafter}/dflash-tree", budgets, chain)
+        name = f"{drafter}/dflash-tree"
+        widest = budgets[max(budgets)]
+        if any(widest.get("paths") or []):  # the paired environment: every budget from the widest one's paths
+            recorded = {b: t["requests"] for b, t in budgets.items()}
+            sources[name] = NestedTreeTraces(name, int(widest["width"]), widest["paths"], recorded)
+        else:
+            chain = sources.get(f"{drafter}/dflash-chain")
+            sources[name] = TreeTraces(name, {b: t["requests"] for b, t in budgets.items()}, chain)
     return sources
 
 
@@ -490,7 +556,7 @@ class Static:
     def choose(self, batch: int) -> int:
         return self.width
 
-    def observe(self, batch: int, width: int, accepted: list[int], seconds: float) -> None:
+    def observe(self, batch: int, width: int, accepted: list[int], seconds: float, paths=None) -> None:
         pass
 
 
@@ -517,7 +583,7 @@ class ReplayClock:
         return self.now
 
     def ready(self, end: float) -> bool:
-        return end < self.now
+        return end < self.now if self.cuda else end <= self.now  # lag 0: the step just recorded is ready
 
     @staticmethod
     def seconds(start: float, end: float) -> float:
@@ -565,10 +631,14 @@ class Policy:
         self.decisions.append(width)
         return width
 
-    def observe(self, batch: int, width: int, accepted: list[int], seconds: float) -> None:
+    def observe(self, batch: int, width: int, accepted: list[int], seconds: float, paths=None) -> None:
         start = self.clock.mark()
         self.clock.now += seconds
-        self.runtime.record(start, self.clock.mark(), batch, width, self._tensor(accepted))
+        nodes = None
+        if paths is not None:  # as the tree worker hands them over: [bs, D+1], the root's 0, then -1 padding
+            depth = max((len(p) for p in paths), default=0)
+            nodes = self._tensor([[0, *p] + [-1] * (depth - len(p)) for p in paths])
+        self.runtime.record(start, self.clock.mark(), batch, width, self._tensor(accepted), nodes)
 
 
 class _EagleWorker:
@@ -606,7 +676,7 @@ class SGLangAdaptive:
         self.controller.activate_step_by_batch(batch)
         return self.worker.speculative_num_steps
 
-    def observe(self, batch: int, width: int, accepted: list[int], seconds: float) -> None:
+    def observe(self, batch: int, width: int, accepted: list[int], seconds: float, paths=None) -> None:
         self.controller.on_verify_complete(accepted, batch)
 
 
@@ -646,16 +716,17 @@ def replay(contender, source: Source, costs: StepTimes, noise: NoiseStream, traf
             running.append([i, 0, length, 0])
         batch = len(running)
         width = contender.choose(batch)
-        accepted = []
+        accepted, paths = [], []
         for r in running:
             a = source.accepted(r[0], r[3], width)
             accepted.append(a)
+            paths.append(source.path(r[0], r[3], width))
             done = min(r[1] + 1 + a, r[2])
             tokens += done - r[1]
             r[1] = done
             r[3] += 1
         t = costs(batch, width) * noise.factor(steps, seconds)
-        contender.observe(batch, width, accepted, t)
+        contender.observe(batch, width, accepted, t, None if None in paths else paths)
         seconds += t
         steps += 1
         widths[width] += 1
@@ -1025,7 +1096,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in noises if n not in NOISE]
     if unknown:
         ap.error(f"--noise {unknown}: known {list(NOISE)}")
-    chosen = scenarios(default_sources(args.seed, args.traces), default_tables(args.costs), noises)
+    sources = default_sources(args.seed, args.traces)
+    agreement = {n: s.agreement() for n, s in sources.items() if isinstance(s, NestedTreeTraces)}
+    for name, shares in agreement.items():
+        print(
+            f"{name}: every budget from the widest recording's paths; first steps agreeing with each budget's own "
+            "recording: " + ", ".join(f"{b} {share:.0%}" for b, share in shares.items()),
+            flush=True,
+        )
+    chosen = scenarios(sources, default_tables(args.costs), noises)
     if args.only:
         chosen = [s for s in chosen if args.only in s.name]
     if not chosen:
@@ -1067,6 +1146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "tokens": args.tokens,
                 "noise": {k: dataclasses.asdict(v) for k, v in NOISE.items()},
                 "profile_off": PROFILE_OFF,
+                "nested_tree_agreement": agreement,
                 "scenarios": results,
             },
             indent=1,

@@ -17,8 +17,11 @@ steps (``spec_verify_ct``) and their histogram of accepted drafts (``spec_correc
 the chunks (as many steps, the same lengths) and give the last step's length, which the request's token limit may
 have cut. A request whose chunks do not match them (SGLang coalesces the queued chunks of a client that fell
 behind) is left out and counted (``dropped``), not guessed. A chain's outcome at its full width is the depth its
-drafts reached, which gives every narrower chain's outcome too (``min(depth, width)``); a tree budget needs its
-own server.
+drafts reached, which gives every narrower chain's outcome too (``min(depth, width)``). A tree server also records
+each step's accepted path (``SGLANG_KIMI_ACCEPTANCE_TRACE``: the accepted node numbers, best first), which gives
+every narrower budget's outcome on the same step (the nodes of the path numbered within the budget: DDTree budgets
+are nested); ``paths`` is null for a request whose paths do not match its steps. Each budget is still recorded on
+its own server, so a reader can check the derivation against it.
 
 Writes ``bench/data/acceptance_traces.json`` (format ``sglang-kimi-acceptance-traces/1``)::
 
@@ -26,7 +29,9 @@ Writes ``bench/data/acceptance_traces.json`` (format ``sglang-kimi-acceptance-tr
      "max_new_tokens": 128, "concurrency": 8,
      "traces": {"matched/dflash-chain": {"family": "chain", "width": 7, "args": [...],
                                         "requests": [[accepted drafts of each step, in order] or null, ...],
-                                        "output_digests": [...], "dropped": 0, "seconds": 21.3}, ...}}
+                                        "output_digests": [...], "dropped": 0, "seconds": 21.3},
+                "matched/dflash-tree-32": {..., "paths": [[[accepted node numbers] of each step] or null, ...]},
+                ...}}
 
 Request i is prompt i in every configuration (null where it was left out). ``output_digests`` (sha256 of each
 request's output token ids, 12 hex digits) let a reader check that every configuration served the same text, as
@@ -128,10 +133,13 @@ def steps_of(deltas: list[int], final_meta: dict) -> list[int] | None:
 
 
 def dump(data: dict) -> str:
-    """JSON with an indent, each list of integers (a request's steps) on one line."""
+    """JSON with an indent, each list of integers (a request's steps) on one line, and so each list of such lists
+    (a request's paths)."""
     text = json.dumps(data, indent=1)
     one_line = lambda m: "[" + ",".join(x.strip() for x in m.group(0)[1:-1].split(",")) + "]"  # noqa: E731
-    return re.sub(r"\[[\d,\s]*\]", one_line, text) + "\n"
+    text = re.sub(r"\[[\d,\s]*\]", one_line, text)
+    items = r"(?m)^(\s*)(\[(\s*\[[\d,]*\],?)+\s*\])"  # a list item that is a list of such lists
+    return re.sub(items, lambda m: m.group(1) + re.sub(r"\s+", "", m.group(2)), text) + "\n"
 
 
 def digest(ids: list[int]) -> str:
@@ -141,9 +149,10 @@ def digest(ids: list[int]) -> str:
 def record(base_url: str, prompts: list[str], max_new_tokens: int, concurrency: int) -> list[tuple]:
     import requests
 
-    def one(prompt: str):
+    def one(i: int):
         payload = {
-            "text": prompt,
+            "rid": rid_of(i),
+            "text": prompts[i],
             "stream": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
         }
@@ -152,7 +161,29 @@ def record(base_url: str, prompts: list[str], max_new_tokens: int, concurrency: 
             return parse_stream(response.iter_lines())
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, prompts))
+        return list(pool.map(one, range(len(prompts))))
+
+
+def rid_of(i: int) -> str:
+    return f"record-acceptance-{i}"
+
+
+def read_paths(path: Path, count: int, steps: list[list[int] | None]) -> list[list[list[int]] | None]:
+    """Per request, the accepted path of each decode step from a server's ``SGLANG_KIMI_ACCEPTANCE_TRACE`` file;
+    None where they do not match the request's steps (as many, each path as long as its step's accepted drafts;
+    the last step's path may be longer: the token limit cut its commit)."""
+    by_rid: dict[str, list[list[int]]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_rid.setdefault(row["rid"], []).append(row["path"])
+    out: list[list[list[int]] | None] = []
+    for i in range(count):
+        paths, recorded = by_rid.get(rid_of(i)), steps[i]
+        ok = paths is not None and recorded is not None and len(paths) == len(recorded)
+        ok = ok and all(len(p) == a for p, a in zip(paths[:-1], recorded[:-1])) and len(paths[-1]) >= recorded[-1]
+        out.append(paths if ok else None)
+    return out
 
 
 def main() -> int:
@@ -174,6 +205,7 @@ def main() -> int:
     from sglang_kimi.cli.demo import gsm8k_prompt
     from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command, sglang_version
     from sglang_kimi.evals.bench import gsm8k_questions
+    from sglang_kimi.options import ACCEPTANCE_TRACE_ENV
 
     prompts = [gsm8k_prompt(q) for q in gsm8k_questions(str(REPO / "data" / "gsm8k"))[: args.prompts]]
     data = json.loads(args.out.read_text()) if args.out.exists() and args.only else {}
@@ -197,7 +229,11 @@ def main() -> int:
     for name, config in configs.items():
         started = time.monotonic()
         log = logs / (name.replace("/", "-") + ".log")
-        with ServerProcess(launch_command([*SERVER_ARGS, *config["args"]], port=ANY_PORT), log) as server:
+        spec = launch_command([*SERVER_ARGS, *config["args"]], port=ANY_PORT)
+        path_file = logs / (name.replace("/", "-") + ".paths.jsonl")
+        if config["family"] == "tree":
+            spec.env[ACCEPTANCE_TRACE_ENV] = str(path_file)
+        with ServerProcess(spec, log) as server:
             server.wait_ready(900)
             ready = time.monotonic()
             results = record(server.base_url, prompts, args.max_new_tokens, args.concurrency)
@@ -211,6 +247,8 @@ def main() -> int:
             "dropped": sum(r[0] is None for r in results),
             "seconds": round(time.monotonic() - ready, 1),
         }
+        if config["family"] == "tree":
+            traces[name]["paths"] = read_paths(path_file, len(prompts), steps)
         kept = [s for s in steps if s is not None]
         n = sum(len(s) for s in kept)
         tau = 1 + sum(map(sum, kept)) / max(1, n)

@@ -55,6 +55,42 @@ def test_a_tree_budget_is_its_own_recording_and_budget_one_is_the_chains_first_d
         tree.accepted(0, 0, 8)
 
 
+def test_a_tree_recorded_with_paths_answers_every_narrower_budget_on_the_same_steps(replay, tmp_path):
+    # request 0's steps accepted the nodes [1, 3, 9] and then [2]; request 1 was left out (its paths did not match)
+    nested = replay.NestedTreeTraces("t", 16, [[[1, 3, 9], [2]], None], recorded={4: [[2, 0], [1]], 16: [[3, 1], [2]]})
+    assert nested.widths == (0, 1, 2, 4, 8, 16)
+    assert [nested.accepted(0, 0, w) for w in (0, 1, 2, 4, 8, 16)] == [0, 1, 1, 2, 2, 3]
+    assert [nested.accepted(0, 1, w) for w in (1, 2)] == [0, 1]
+    assert nested.path(0, 0, 4) == [1, 3] and nested.path(1, 0, 16) == [1, 3, 9]  # request 1 is request 0
+    assert nested.agreement() == {4: 0.5}  # budget 4's own first steps: 2 (agrees) and 1 (request 0's gives 2)
+    with pytest.raises(KeyError, match="recorded up to budget 16, not 32"):
+        nested.accepted(0, 0, 32)
+    # the traces file: the widest budget with paths makes the drafter's tree source the paired one
+    traces = {
+        "format": "sglang-kimi-acceptance-traces/1",
+        "traces": {
+            "d/dflash-chain": {"family": "chain", "width": 7, "requests": [[3, 1]]},
+            "d/dflash-tree-4": {"family": "tree", "width": 4, "requests": [[2, 2]]},
+            "d/dflash-tree-16": {"family": "tree", "width": 16, "requests": [[3, 1]], "paths": [[[1, 3, 9], [2]]]},
+        },
+    }
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps(traces))
+    source = replay.load_traces(path)["d/dflash-tree"]
+    assert isinstance(source, replay.NestedTreeTraces) and source.accepted(0, 0, 4) == 2
+    del traces["traces"]["d/dflash-tree-16"]["paths"]
+    path.write_text(json.dumps(traces))
+    assert isinstance(replay.load_traces(path)["d/dflash-tree"], replay.TreeTraces)
+
+
+def test_the_served_policy_sees_a_tree_steps_paths(replay):
+    profile = {1: {w: 0.01 * (1 + w / 16) for w in replay.TREE_WIDTHS}}
+    policy = replay.Policy(replay.plugin_policy("tree", replay.TREE_WIDTHS, (1,), profile), lag=0)
+    policy.observe(1, 16, [3], 0.02, [[1, 3, 9]])
+    estimate = policy.runtime.policy.acceptance.pooled()
+    assert {w: estimate.get(w) for w in (1, 2, 4, 8, 16, 32)} == {1: 2.0, 2: 2.0, 4: 3.0, 8: 3.0, 16: 4.0, 32: None}
+
+
 def test_a_recorded_chain_commits_more_per_step_the_wider_it_is(replay, sources):
     for name in ("matched/dflash-chain", "mismatched/dflash-chain", "eagle3/chain"):
         if name in sources:

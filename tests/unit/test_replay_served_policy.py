@@ -69,12 +69,16 @@ else:
                     self.decisions.append(served.choose(batch))
                     return self.decisions[-1]
 
-                def observe(self, batch, width, accepted, seconds):
+                def observe(self, batch, width, accepted, seconds, paths=None):
                     import torch
 
                     started = served.start()
                     served.clock.now += seconds
-                    served.finish(started, batch, width, torch.tensor(accepted))
+                    nodes = None
+                    if paths is not None:  # the verify's accepted nodes [bs, D+1]: the root, the path, -1 after
+                        depth = max(map(len, paths), default=0)
+                        nodes = torch.tensor([[0, *p] + [-1] * (depth - len(p)) for p in paths])
+                    served.finish(started, batch, width, torch.tensor(accepted), nodes)
 
             server = Worker()
             bench = replay.Policy(replay.plugin_policy(source.family, widths, replay.BUCKETS, profile), lag=0)
