@@ -1,8 +1,8 @@
 """The DFLASH tree worker under CUDA graphs (``speculative/workers/tree_verify_graphs.py``,
 ``DFlashTreeWorker.init_cuda_graphs``):
 SGLang's capture of the DFLASH verify graph takes the tree mask when the tree worker serves, and a start-up whose
-target graphs lack it is refused; the drafter is not captured (it runs the block eager, at another width than the
-verify window SGLang captures it for).
+target graphs lack it is refused; the drafter is captured at the block's width, not at the verify window SGLang would
+capture it for, with the draft side as its captured tail (``drafter_graph.py``).
 
 These run SGLang's own capture-time code (``DecodeCudaGraphRunner.get_spec_info``, the mask policy) on CPU with
 stand-in runners; the graphs themselves need a CUDA device. SGLang's modules need the CPU import shims, so the
@@ -79,32 +79,77 @@ else:
         tvg.mark_tree_verify()
         tvg.check_target_graphs(graphs)
 
-    def test_the_drafter_is_not_captured(monkeypatch, policy_hooked):
-        """SGLang's set-up runs as it is (its memory checks, its draft scopes) with the drafter's capture turned off;
-        then the target's graphs are checked."""
+    def test_the_drafter_is_captured_at_the_blocks_width_with_the_draft_tail(monkeypatch, policy_hooked):
+        """SGLang's set-up runs as it is (its memory checks, its draft scopes) and captures the drafter, with
+        ``speculative_num_draft_tokens`` reading the block (8) instead of the tree server's verify window (9), and the
+        draft side as a capture tail hook; then the target's graphs are checked. ``SGLANG_KIMI_DRAFT_GRAPHS=0``
+        turns the drafter's capture off, and a failed capture names that switch."""
+        from sglang.srt.runtime_context import _ConfigBag
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
+        from sglang_kimi.speculative.workers import drafter_graph
         from sglang_kimi.speculative.workers.dflash_tree import DFlashTreeWorker
 
-        captured = []
+        spec = _ConfigBag("spec")  # SGLang's published speculative settings, as a tree server of budget 8 has them
+        spec._set("speculative_num_draft_tokens", 9)
+        monkeypatch.setattr(drafter_graph, "get_spec", lambda: spec)
+        vocab, hidden, block = 50, 8, 8
+        seen = []
 
         class Drafter:
             def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True):
-                captured.append(capture_decode_cuda_graph)
+                seen.append((capture_decode_cuda_graph, spec.speculative_num_draft_tokens))
 
         def sglang_setup(self):  # what DFlashWorkerV2.init_cuda_graphs does with the drafter on a GPU
             assert self._maybe_build_draft_sampler() is None
             self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=True)
+            out = NS(hidden_states=torch.randn(2 * block, hidden))  # the capture of 2 requests runs its tail hooks
+            batch = NS(input_ids=torch.randint(0, vocab, (2 * block,)), seq_lens=torch.tensor([5, 7]))
+            for hook in self.draft_model_runner.capture_tail_hooks:
+                hook(object(), out, batch, 2 * block)
 
         monkeypatch.setattr(DFlashWorkerV2, "init_cuda_graphs", sglang_setup)
         worker = object.__new__(DFlashTreeWorker)
         drafter = Drafter()
-        target = NS(model_runner=NS(decode_cuda_graph_runner=object(), attn_backend=triton_backend()))
-        vars(worker).update(_draft_worker=drafter, _target_worker=target, _adaptive_pending=False)
+        target = NS(
+            model_runner=NS(
+                decode_cuda_graph_runner=NS(max_bs=4),
+                attn_backend=triton_backend(),
+                model=NS(lm_head=NS(weight=torch.randn(vocab + 14, hidden))),  # padded rows past the vocabulary
+                req_to_token_pool=NS(size=3),
+            )
+        )
+        vars(worker).update(
+            _draft_worker=drafter, _target_worker=target, _adaptive_pending=False, _tail=None, block_size=block,
+            max_width=8, tree_budget=8, _use_triton_ddtree=False, draft_model_runner=NS(capture_tail_hooks=[]),
+            model_runner=NS(model_config=NS(vocab_size=vocab)),
+        )  # fmt: skip
         monkeypatch.setattr(DFlashTreeWorker, "target_worker", property(lambda self: target), raising=False)
         with pytest.raises(RuntimeError, match="causal chain verify"):
             worker.init_cuda_graphs()  # the tree worker not marked: the target's graphs are refused
-        assert captured == [False] and "init_cuda_graphs" not in vars(drafter)
+        assert seen == [(True, block)] and spec.speculative_num_draft_tokens == 9
         tvg.mark_tree_verify()
+        worker.draft_model_runner.capture_tail_hooks.clear()
         worker.init_cuda_graphs()
-        assert captured == [False, False]
+        tail = worker._tail
+        assert tail is not None and tail.captured_bs == {2} and tail.lm_head.shape == (vocab, hidden)
+        assert tail.tokens.shape == (4, 9) and tail.result(2)[0].tokens.shape == (2, 9)  # [max_bs, N], N = 9
+        assert worker.draft_model_runner.capture_tail_hooks == [tail]  # kept for a later re-capture
+
+        monkeypatch.setenv(drafter_graph.DRAFT_GRAPHS_ENV, "0")
+        seen.clear()
+        worker.draft_model_runner.capture_tail_hooks.clear()
+        worker._tail = None
+        worker.init_cuda_graphs()
+        assert seen == [(False, block)] and worker._tail is None and "init_cuda_graphs" not in vars(drafter)
+        assert worker.draft_model_runner.capture_tail_hooks == []
+
+        class Failing:
+            def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True):
+                raise RuntimeError("The size of tensor a (224) must match the size of tensor b (252)")
+
+        monkeypatch.delenv(drafter_graph.DRAFT_GRAPHS_ENV)
+        vars(worker)["_draft_worker"] = Failing()
+        with pytest.raises(RuntimeError, match="SGLANG_KIMI_DRAFT_GRAPHS=0 to run the drafter eager") as failed:
+            worker.init_cuda_graphs()
+        assert "tensor a (224)" in str(failed.value) and spec.speculative_num_draft_tokens == 9
