@@ -171,7 +171,9 @@ def rid_of(i: int) -> str:
 def read_paths(path: Path, count: int, steps: list[list[int] | None]) -> list[list[list[int]] | None]:
     """Per request, the accepted path of each decode step from a server's ``SGLANG_KIMI_ACCEPTANCE_TRACE`` file;
     None where they do not match the request's steps (as many, each path as long as its step's accepted drafts;
-    the last step's path may be longer: the token limit cut its commit)."""
+    the last step's path may be longer: the token limit cut its commit). A request's trace may hold one step more
+    than it streamed, at its end: the overlap scheduler launches a step before the request's finish is processed,
+    and that step's tokens are dropped."""
     by_rid: dict[str, list[list[int]]] = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -180,6 +182,8 @@ def read_paths(path: Path, count: int, steps: list[list[int] | None]) -> list[li
     out: list[list[list[int]] | None] = []
     for i in range(count):
         paths, recorded = by_rid.get(rid_of(i)), steps[i]
+        if paths is not None and recorded is not None and len(paths) == len(recorded) + 1:
+            paths = paths[:-1]
         ok = paths is not None and recorded is not None and len(paths) == len(recorded)
         ok = ok and all(len(p) == a for p, a in zip(paths[:-1], recorded[:-1])) and len(paths[-1]) >= recorded[-1]
         out.append(paths if ok else None)

@@ -127,17 +127,37 @@ print("RESULT=" + json.dumps({"state": plugin.registration_state(), "dual_gemm_m
 """
 
 
-def _run_probe(code: str, **extra_env: str) -> dict:
+def _start_probe(code: str, **extra_env: str) -> subprocess.Popen:
     env, _ = sglang_env(cpu=True)
     env.update(extra_env)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT=")]
-    assert lines, out.stderr[-3000:]
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _probe_result(run: subprocess.Popen) -> dict:
+    try:
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT=")]
+    assert lines, stderr[-3000:]
     return json.loads(lines[0][len("RESULT=") :])
 
 
-def test_register_is_idempotent_through_sglang_loader():
-    result = _run_probe(PROBE_TWICE)
+def _run_probe(code: str, **extra_env: str) -> dict:
+    return _probe_result(_start_probe(code, **extra_env))
+
+
+@pytest.fixture(scope="module")
+def probes_twice() -> dict:
+    """PROBE_TWICE with the hardening group on (the default) and off: two SGLang processes, side by side."""
+    on, off = _start_probe(PROBE_TWICE), _start_probe(PROBE_TWICE, SGLANG_KIMI_HARDENING="0")
+    return {"on": _probe_result(on), "off": _probe_result(off)}
+
+
+def test_register_is_idempotent_through_sglang_loader(probes_twice):
+    result = probes_twice["on"]
     state = result["state"]
     assert state["failed"] == []
     assert set(state["registrations"]) == {e.name for e in plugin.REGISTRATIONS}
@@ -201,11 +221,10 @@ def test_cuda_stand_in_entries_apply_through_sglang_hooks(unapplied_probe):
     assert result["moe"] == ["cuda", "layer", "dispatch"]  # the MoE's CUDA path, not the native loop
 
 
-def test_hardening_off_leaves_sglang_s_api_untouched_and_speculation_hardened():
+def test_hardening_off_leaves_sglang_s_api_untouched_and_speculation_hardened(probes_twice):
     """SGLANG_KIMI_HARDENING=0: no hardening entry hooks anything (SGLang answers its API as it would), every other
     entry, the speculative-safety fixes among them, registers as with the group on."""
-    on = _run_probe(PROBE_TWICE)
-    off = _run_probe(PROBE_TWICE, SGLANG_KIMI_HARDENING="0")
+    on, off = probes_twice["on"], probes_twice["off"]
     hardening = {e.name for e in plugin.AREAS["hardening"]}
     assert len(hardening) >= 15
     assert off["state"]["hardening"].startswith("off") and on["state"]["hardening"] == "on"
