@@ -53,3 +53,31 @@ def test_the_configurations_and_the_file_format(record):
     data = {"format": record.FORMAT, "traces": {"x": {"requests": [[1, 2, 3], None], "args": ["a"]}}}
     text = record.dump(data)
     assert json.loads(text) == data and "[1,2,3]" in text
+
+
+def test_a_tree_servers_paths_are_read_per_request_and_checked_against_its_steps(record, tmp_path):
+    import torch
+
+    from sglang_kimi.speculative.acceptance_trace import append_paths
+
+    trace = tmp_path / "paths.jsonl"
+    rids = [record.rid_of(0), record.rid_of(1), record.rid_of(2)]
+    # three steps: the verify's accepted nodes [bs, D+1] (the root, the path, -1 after)
+    append_paths(str(trace), rids, 8, torch.tensor([[0, 1, 3], [0, 2, -1], [0, -1, -1]]))
+    append_paths(str(trace), rids, 8, torch.tensor([[0, 1, -1], [0, 1, 5], [0, 4, -1]]))
+    append_paths(str(trace), rids[:1], 8, torch.tensor([[0, -1, -1]]))  # a step past request 0's end (overlap)
+    append_paths(str(trace), rids, 8, torch.tensor([[0, 9, 9]]), rank=1)  # another TP rank: nothing written
+    assert [json.loads(line)["path"] for line in trace.read_text().splitlines()] == [
+        [1, 3],
+        [2],
+        [],
+        [1],
+        [1, 5],
+        [4],
+        [],
+    ]
+    steps = [[2, 1], [1, 1], [0, 2]]  # request 2's second step accepted 2 in the stream, 1 in the trace
+    paths = record.read_paths(trace, 4, [*steps, None])
+    assert paths == [[[1, 3], [1]], [[2], [1, 5]], None, None]
+    # the last step may have accepted more than the token limit let it commit
+    assert record.read_paths(trace, 1, [[2, 0]]) == [[[1, 3], [1]]]
