@@ -22,9 +22,9 @@ acceptance estimate and cost table ``start_runtime`` gives it, through ``Adaptiv
   path's nodes numbered within the budget: DDTree budgets are nested), and the policy sees those paths as a server's
   tree worker hands them over; without paths each budget has its own recording (budget 1 is the chain's first
   draft). The paired environment prints how often each budget's own recording agrees with it on the first step
-  (the one step whose context is the same for every budget). A request that runs more steps than its recording wraps around it. The texts' token
-  positions are not followed: narrow chains take more steps per token than the recording did, and meet the recorded
-  sequence of easy and hard steps, not the same tokens.
+  (the one step whose context is the same for every budget). A request that runs more steps than its recording
+  wraps around it. The texts' token positions are not followed: narrow chains take more steps per token than the
+  recording did, and meet the recorded sequence of easy and hard steps, not the same tokens.
 - **Cost** ``t(B, w)``: seconds per step by batch and width, from ``bench/results/bench_adaptive.json`` (CPU: the
   step time each served configuration implies, ``concurrency x tau / output tokens/s``, both drafters' groups
   averaged), from the H200 serving JSONs (CUDA graphs, bf16: autoregressive, the DFLASH chain of 7, the tree of 8),
