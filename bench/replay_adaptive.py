@@ -634,11 +634,15 @@ class Policy:
     def observe(self, batch: int, width: int, accepted: list[int], seconds: float, paths=None) -> None:
         start = self.clock.mark()
         self.clock.now += seconds
-        nodes = None
-        if paths is not None:  # as the tree worker hands them over: [bs, D+1], the root's 0, then -1 padding
-            depth = max((len(p) for p in paths), default=0)
-            nodes = self._tensor([[0, *p] + [-1] * (depth - len(p)) for p in paths])
+        nodes = None if paths is None else self._tensor(accepted_node_rows(paths))
         self.runtime.record(start, self.clock.mark(), batch, width, self._tensor(accepted), nodes)
+
+
+def accepted_node_rows(paths: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Paths (accepted node numbers, root excluded) as the tree worker hands them to its runtime: the verify's
+    accepted nodes [bs, D+1], the root's 0, then -1 padding."""
+    depth = max((len(p) for p in paths), default=0)
+    return [[0, *p] + [-1] * (depth - len(p)) for p in paths]
 
 
 class _EagleWorker:

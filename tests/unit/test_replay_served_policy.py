@@ -74,10 +74,7 @@ else:
 
                     started = served.start()
                     served.clock.now += seconds
-                    nodes = None
-                    if paths is not None:  # the verify's accepted nodes [bs, D+1]: the root, the path, -1 after
-                        depth = max(map(len, paths), default=0)
-                        nodes = torch.tensor([[0, *p] + [-1] * (depth - len(p)) for p in paths])
+                    nodes = None if paths is None else torch.tensor(replay.accepted_node_rows(paths))
                     served.finish(started, batch, width, torch.tensor(accepted), nodes)
 
             server = Worker()
