@@ -247,7 +247,9 @@ def verify_experts(delta: dict, tokens: int) -> dict | None:
 def measure_level(url: str, mode: Mode, concurrency: int, opts, seed: int) -> dict:
     prompts = prompt_ids(concurrency, opts.input_len, seed)
     before = probe(url)
+    sent = time.perf_counter()
     outs = stream_requests(url, prompts, opts.output_len)
+    wall_s = time.perf_counter() - sent
     errors = [o["error"] for o in outs if "error" in o]
     if errors:
         raise BenchError(f"{mode.name} at concurrency {concurrency}: {errors[0]}")
@@ -262,6 +264,7 @@ def measure_level(url: str, mode: Mode, concurrency: int, opts, seed: int) -> di
         "width": mode.width,
         "concurrency": concurrency,
         "step_s": step_s,
+        "wall_s": wall_s,  # the level's batch, sent to last chunk: every forward the probe counts lies within
         "output_tokens": tokens,
         # after each request's first token (the prefill's), every verify step commits its accepted drafts and one more
         "tokens_per_step": (tokens - concurrency) / sum(verify_steps) if all(verify_steps) else 1.0,

@@ -47,7 +47,9 @@ def test_every_mode_serves_and_its_steps_are_split(run):
     for (mode, batch), row in rows.items():
         assert row["output_tokens"] == 6 * batch, (mode, batch)  # every request answered in full
         assert row["steps"] >= 5 and row["step_s"] > 0 and row["target_s"] > 0, (mode, batch)
-        assert row["target_s"] + row["draft_s"] <= row["step_s"] * 1.5, (mode, batch)
+        # the probe's forwards all ran while the level's batch was served (step_s, a median over the window in which
+        # every request decodes, can miss a slow first decode that the probe's mean includes)
+        assert 0 < row["steps"] * (row["target_s"] + row["draft_s"]) <= row["wall_s"], (mode, batch)
         assert row["tokens_per_step"] < 1.2, (mode, batch)  # random drafts are (all but) never accepted
         if mode == "ar":
             assert row["draft_s"] == 0 and row["draft_forwards_per_step"] == 0
