@@ -27,6 +27,7 @@ from sglang_kimi.speculators.trees import (
     build_chain,
     build_eagle_tree,
     draft_eagle_tree,
+    SORT_RANK_MAX,
     topk_lowest_index_ties,
 )
 from sglang_kimi.speculators.verify import verify_greedy
@@ -123,6 +124,26 @@ def test_topk_lowest_index_ties(data) -> None:
     for row, got_v, got_i in zip(rows, values.tolist(), ids.tolist()):
         expected = sorted(range(num), key=lambda t: (-row[t], t))[:k]
         assert got_i == expected and got_v == [row[t] for t in expected]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_long_rows_rank_as_the_stable_sort(seed: int) -> None:
+    """Rows longer than SORT_RANK_MAX take the integer-key top-k: the same values and ids as the stable sort of short
+    rows, on tie-heavy rows with -0.0 beside 0.0, infinities and NaN (NaN first, as torch ranks it)."""
+    gen = torch.Generator().manual_seed(seed)
+    num = SORT_RANK_MAX + 37 + 100 * seed
+    pool = torch.tensor([-0.0, 0.0, 1.5, -1.5, 3.0, float("inf"), float("-inf"), float("nan"), 1e-38, -1e-38])
+    rows = pool[torch.randint(len(pool), (4, num), generator=gen)]
+    rows[0] = torch.randn(num, generator=gen).bfloat16().float()  # bf16-rounded logits: ties among reals
+    rows[1, 5:] = rows[1, 5:].nan_to_num(nan=2.0)  # NaN only near the front
+    rows[2] = -rows[2].abs()  # negatives only: their order is the flipped bits'
+    rows[2, 7] = float("nan")  # ... and a NaN of the other sign
+    rows[2, 9] = -float("nan")
+    for k in (1, 8, 33, num // 2, num):
+        values, ids = topk_lowest_index_ties(rows, k)
+        ref_values, ref_ids = rows.sort(dim=-1, descending=True, stable=True)
+        assert ids.tolist() == ref_ids[:, :k].tolist(), k
+        torch.testing.assert_close(values, ref_values[:, :k], rtol=0, atol=0, equal_nan=True)
 
 
 def test_topk_lowest_index_ties_docstring() -> None:
