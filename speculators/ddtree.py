@@ -36,16 +36,19 @@ def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     ``ranked_lp = top_logit - logsumexp(row)``.
     Example: logits [2, 0, 2], k=2 -> ids [0, 2], lp [2, 2] - log(2e^2 + 1).
     """
-    logits = draft_logits.float()
+    logits = draft_logits if draft_logits.dtype == torch.float32 else draft_logits.float()
     vocab = logits.shape[-1]
     k = min(k, vocab)
     rows = logits.reshape(-1, vocab)  # [n, V]
     block = max(1, CPU_RANK_BLOCK_ELEMENTS // vocab) if rows.device.type == "cpu" else max(1, rows.shape[0])
+    shape = (*logits.shape[:-1], k)
+    if rows.shape[0] <= block:  # one block: the batch at once
+        top, ids = topk_lowest_index_ties(rows, k)  # [n, k]
+        return (top - torch.logsumexp(rows, dim=-1, keepdim=True)).view(shape), ids.view(shape)
     ranked = []
     for part in rows.split(block):
         top, ids = topk_lowest_index_ties(part, k)  # [rows, k]
         ranked.append((top - torch.logsumexp(part, dim=-1, keepdim=True), ids))
-    shape = (*logits.shape[:-1], k)
     return torch.cat([r[0] for r in ranked]).view(shape), torch.cat([r[1] for r in ranked]).view(shape)
 
 
@@ -131,45 +134,67 @@ def build_ddtree_ranked(
     r-th best token (log-prob descending, then vocab id ascending), K = min(budget, V): :func:`rank_draft_logits`, or
     :func:`shard_candidates` + :func:`merge_shard_candidates` under tensor parallelism. Only these K per position
     can enter a tree of ``budget`` nodes.
+
+    The beams' entries, depth-major, are the candidates; entry e of beam d extends entry ``pick // K`` of beam
+    d - 1 by its position's rank ``pick % K`` token. Everything after the beam loop is one tensor over all entries
+    (the root first), so the number of tensor ops grows with the depth only, not with the batch or the budget.
     """
     batch, length, k = ranked_lp.shape
     if budget < 1 or length < 1:
         raise ValueError(f"build_ddtree needs budget >= 1 and at least one draft position, got {budget}, {length}")
+    depth = min(length, budget)
     device = ranked_lp.device
 
     # Beam of depth d: its best prefixes, ordered (score desc, parent's beam position, rank): ties to lower index.
-    beam_scores = [ranked_lp[:, 0]]  # per depth [B, W_d]
-    beam_parent = [torch.full((batch, k), NO_PARENT, dtype=torch.long, device=device)]  # position in beam d-1
-    beam_rank = [torch.arange(k, device=device).expand(batch, k)]
-    for d in range(1, min(length, budget)):
-        width = beam_scores[-1].shape[1]
-        extend = beam_scores[-1][:, :, None] + ranked_lp[:, d, None, :]  # [B, W, K], flat = parent_pos * K + rank
-        top_scores, top_flat = topk_lowest_index_ties(extend.flatten(1), min(budget, width * k))  # [B, W_d]
-        beam_scores.append(top_scores)
-        beam_parent.append(top_flat // k)
-        beam_rank.append(top_flat % k)
+    step_lp = ranked_lp.unsqueeze(2).unbind(1)  # per position [B, 1, K]
+    beams = [ranked_lp[:, 0]]  # per depth [B, W_d]: prefix scores
+    picks = []  # per depth >= 2 [B, W_d]: parent's beam position * K + rank
+    for d in range(1, depth):
+        extend = (beams[-1].unsqueeze(2) + step_lp[d]).flatten(1)  # [B, W * K], flat = parent_pos * K + rank
+        top_scores, top_pick = topk_lowest_index_ties(extend, min(budget, extend.shape[1]))  # [B, W_d]
+        beams.append(top_scores)
+        picks.append(top_pick)
 
     # Merge depths: depth-major concatenation, ties to lower index = (score desc, depth asc, beam position asc).
-    widths = [s.shape[1] for s in beam_scores]
-    offsets = [sum(widths[:d]) for d in range(len(widths))]
-    scores = torch.cat(beam_scores, dim=1)  # [B, M]
-    flat_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])  # [M]
-    # flat index of each entry's parent (NO_PARENT for depth 1) and its token
-    flat_parent = torch.cat(
-        [beam_parent[0]] + [beam_parent[d] + offsets[d - 1] for d in range(1, len(widths))], dim=1
-    )  # [B, M]
-    flat_token = torch.cat([ranked_ids[:, d].gather(1, beam_rank[d]) for d in range(len(widths))], dim=1)  # [B, M]
-    num = min(budget, scores.shape[1])
-    order = topk_lowest_index_ties(scores, num)[1]  # [B, n]: node i+1 = entry order[:, i]
+    widths = [b.shape[1] for b in beams]
+    num = min(budget, sum(widths))
+    ranked = torch.cat(beams, dim=1).sort(dim=1, descending=True, stable=True)[1]  # [B, M]: entries best first
 
-    node_of_flat = torch.full_like(scores, NO_PARENT, dtype=torch.long)  # [B, M]
-    node_of_flat.scatter_(1, order, torch.arange(1, num + 1, device=device).expand(batch, num))
-    parent_flat = flat_parent.gather(1, order)  # [B, n]
-    parent_node = torch.where(
-        parent_flat >= 0, node_of_flat.gather(1, parent_flat.clamp(min=0)), 0
-    )  # prefix closure guarantees the parent was selected
-    tokens = torch.cat([root[:, None].long(), flat_token.gather(1, order)], dim=1)  # [B, n+1]
-    parents = torch.cat([torch.full((batch, 1), NO_PARENT, device=device, dtype=torch.long), parent_node], dim=1)
-    depths = torch.cat([torch.zeros((batch, 1), device=device, dtype=torch.long), flat_depth[order]], dim=1)
+    parent_base, token_base, column_depth, first_picks = _column_facts(widths, k, device)  # [1 + M] .. [1 + K]
+    zero = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    pick = torch.cat([first_picks.expand(batch, -1), *picks], dim=1)  # [B, 1 + M]: the root's, then the entries'
+    ids = torch.cat([root[:, None].long(), ranked_ids.flatten(1)], dim=1)  # [B, 1 + L * K]: the root, then the ranks
+    # lookup [B, 2 + M]: slot 0 NO_PARENT, slot 1 the root's node 0, slot 2 + e entry e's node (its place + 1)
+    lookup = torch.cat([zero + NO_PARENT, zero, ranked.argsort(dim=1) + 1], dim=1)
+    order = torch.cat([zero, ranked[:, :num] + 1], dim=1)  # [B, 1 + n]: node i = column order[:, i]
+    tokens = ids.gather(1, (pick % k + token_base).gather(1, order))
+    parents = lookup.gather(1, (pick // k + parent_base).gather(1, order))  # prefix closure: parents are selected
+    depths = column_depth.expand(batch, -1).gather(1, order)
     num_nodes = torch.full((batch,), num + 1, dtype=torch.long, device=device)
-    return DraftTree(tokens, parents, depths, num_nodes, max_depth=len(widths))
+    return DraftTree(tokens, parents, depths, num_nodes, max_depth=depth)
+
+
+_COLUMN_FACTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _column_facts(widths: list[int], k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The constants of :func:`build_ddtree_ranked`'s columns (0 the root, 1 + e entry e, beams depth-major), made
+    once per (beam widths, K, device) and kept: a step reads them without a host-to-device copy (a CUDA graph
+    capture, which SGLang precedes with warm-up runs, finds them made).
+
+    Returns, per column [1 + M]: the parent's slot in the node lookup beyond its beam position (the root 0 =
+    NO_PARENT, depth 1: 1 = the root, beam d: 2 + the start of beam d - 1), its token's column in the ids' row
+    beyond its rank (the root 0, position d: 1 + d * K), its depth; and the first 1 + K picks (the root's 0, then
+    depth 1's ranks 0..K-1 below the root).
+    """
+    key = (tuple(widths), k, str(device))
+    facts = None if torch.compiler.is_compiling() else _COLUMN_FACTS.get(key)
+    if facts is None:
+        starts = [sum(widths[:d]) for d in range(len(widths))]
+        per_beam = [(1, 1, 1)] + [(2 + starts[d - 1], 1 + d * k, d + 1) for d in range(1, len(widths))]
+        columns = [(0, 0, 0)] + [fact for fact, width in zip(per_beam, widths) for _ in range(width)]
+        rows = [list(row) for row in zip(*columns)] + [[0, *range(k)]]
+        facts = tuple(torch.tensor(row, dtype=torch.long, device=device) for row in rows)
+        if not torch.compiler.is_compiling():
+            _COLUMN_FACTS[key] = facts
+    return facts

@@ -53,7 +53,7 @@ def draft_side(
 def rank_draft_hidden(draft_hidden: torch.Tensor, lm_head: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each draft position's best ``k`` tokens under the LM head: draft_hidden [..., H], lm_head [V, H] ->
     (log-probs [..., k] float32 over the whole vocabulary, ids [..., k]), ranked by log-prob then id."""
-    logits = torch.matmul(draft_hidden.to(lm_head.dtype), lm_head.T).float()  # [..., V]
+    logits = torch.nn.functional.linear(draft_hidden.to(lm_head.dtype), lm_head).float()  # [..., V]
     return rank_draft_logits(logits, k)
 
 
@@ -68,8 +68,9 @@ def tree_from_ranked(
     use_kernel: bool = False,
 ) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`draft_side` from each position's ranked candidates (ranked_lp, ranked_ids [B, D', K])."""
-    nonfinite = ranked_lp.isnan() | (ranked_lp == float("inf"))  # a corrupted drafter: costs acceptance only
-    ranked_lp = ranked_lp.masked_fill(nonfinite, float("-inf"))
+    finite = ranked_lp < float("inf")  # False for NaN and +inf: a corrupted drafter, which costs acceptance only
+    ranked_lp = torch.where(finite, ranked_lp, float("-inf"))
+    nonfinite = ~finite
     if not tree:
         drafted = build_chain(root, ranked_ids[:, :, 0])
     elif use_kernel:
@@ -91,10 +92,11 @@ def verify_side(
     target_logits: torch.Tensor | None = None,
     target_probs: torch.Tensor | None = None,
     coins: Coins | None = None,
+    ancestor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Verify the window (greedy from target_logits [B, N, V], or sampled from target_probs [B, N, V] with coins)
-    and lay out its commit (:func:`commit_layout`)."""
-    result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+    and lay out its commit (:func:`commit_layout`). ``ancestor`` [B, N, N]: :func:`draft_side`'s mask, reused."""
+    result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
     return commit_layout(result, verify_slots, draft_rows, prefix_lens)
 
 
@@ -113,10 +115,10 @@ def commit_layout(
     batch, n = verify_slots.shape
     commit_lens = (result.num_accepted + 1).to(torch.int32)  # [B]
     order = path_first_order(result.accepted_nodes, n)  # [B, N]
-    emitted = result.output_tokens[:, :n]  # [B, min(D+1, N)]
-    out_tokens = torch.where(emitted >= 0, emitted, OUT_TOKEN_PAD)
+    emitted = result.output_tokens if result.output_tokens.shape[1] <= n else result.output_tokens[:, :n]
+    out_tokens = emitted.clamp(min=OUT_TOKEN_PAD)  # [B, min(D+1, N)]: tokens are >= 0, PAD_TOKEN_ID is not
     if out_tokens.shape[1] < n:
-        out_tokens = torch.cat([out_tokens, out_tokens.new_full((batch, n - out_tokens.shape[1]), OUT_TOKEN_PAD)], 1)
+        out_tokens = torch.nn.functional.pad(out_tokens, (0, n - out_tokens.shape[1]), value=OUT_TOKEN_PAD)
     columns = prefix_lens.long()[:, None] + torch.arange(n, device=prefix_lens.device)  # [B, N]
     new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
     return (

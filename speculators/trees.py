@@ -136,16 +136,16 @@ class DraftTree:
         """bool [B, N, N]: row i sees column j iff j is i or an ancestor of i (the root is everyone's ancestor).
 
         Padding rows see only themselves (so a softmax over the row stays finite); no real row sees padding.
-        The transitive closure of "is i or i's parent" by squaring: after s squarings a row reaches 2**s generations,
-        so ceil(log2(max_depth + 1)) batched matmuls suffice (no loop over depths or nodes).
+        The transitive closure of "is i or i's parent": with R = I + P (P[i, j] = 1 iff j is i's parent), entry
+        (i, j) of R**m counts the ways to climb from i to j in m steps that each stay or go up one generation, so it is
+        positive iff j is i or an ancestor at most m generations up; m = max_depth reaches every ancestor. One
+        ``matrix_power`` (repeated squaring inside one operator, no loop over depths or nodes), in float64: the counts
+        stay below 2**m, exact enough for their sign and finite for any m < 1024.
         """
         n = self.num_slots
         slots = torch.arange(n, device=self.tokens.device)
-        reach = (self.parents[:, :, None] == slots) | (slots[:, None] == slots)  # [B, N, N]: self or parent
-        reach = reach.float()
-        for _ in range(max(self.max_depth, 1).bit_length()):  # 2**s > max_depth generations
-            reach = torch.bmm(reach, reach).clamp_(max=1.0)  # exact: entries stay 0 or 1 (sums <= N)
-        return reach > 0
+        step = (self.parents[:, :, None] == slots) | torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        return torch.linalg.matrix_power(step.double(), max(self.max_depth, 1)) > 0  # [B, N, N]
 
     def node_paths(self) -> list[list[list[int]]]:
         """Host lists [B][N]: the drafts from the root's child down to each node, the node included; the root's
@@ -238,9 +238,9 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     k = min(k, num)
     if num <= SORT_RANK_MAX:
         top, idx = values.sort(dim=-1, descending=True, stable=True)
-        return top[..., :k], idx[..., :k]
+        return (top, idx) if k == num else (top[..., :k], idx[..., :k])
     reversed_index = torch.arange(num - 1, -1, -1, device=values.device)  # [V]: lower index, larger key
-    key = _order_key(values) * (1 << 32) + reversed_index  # [..., V] int64
+    key = torch.add(reversed_index, _order_key(values), alpha=1 << 32)  # [..., V] int64
     idx = key.topk(k, dim=-1).indices  # [..., k], sorted
     return values.gather(-1, idx), idx
 
@@ -249,10 +249,11 @@ def _order_key(values: torch.Tensor) -> torch.Tensor:
     """int64 [..., V] in [-2**31, 2**31) ordered as the float32 values are: a non-negative float's bits grow with it,
     a negative float's bits grow with its magnitude, so those are flipped. Example: -1.0, -0.0, 0.0, 1.0 ->
     keys -1065353217, 0, 0, 1065353216."""
-    v = values.float() + 0.0  # -0.0 + 0.0 = 0.0: equal values, equal keys
+    v = (values if values.dtype == torch.float32 else values.float()) + 0.0  # -0.0 + 0.0 = 0.0: equal keys
     v = torch.where(v.isnan(), float("nan"), v)  # every NaN as the positive quiet NaN, above +inf
-    bits = v.view(torch.int32).long()  # sign-extended
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # a negative's magnitude bits flipped (>> 31: -1 if negative, else 0)
+    bits = v.view(torch.int32)
+    # a negative's magnitude bits flipped (>> 31: -1 if negative, else 0), in int32, then sign-extended
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
 
 
 # EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].

@@ -203,11 +203,13 @@ def verify_tree(
     target_logits: torch.Tensor | None = None,
     target_probs: torch.Tensor | None = None,
     coins: Coins | None = None,
+    ancestor: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify B trees (chains are trees) against the target: greedy from ``target_logits`` [B, N, V], or sampled
     from ``target_probs`` [B, N, V] (:func:`process_logits`) with ``coins``. Row i of the target is its
     distribution at node i (rows of padding slots are ignored). On a CUDA/ROCm device the Triton kernel runs, on
-    any other device the torch walk of :func:`walk_tree`: the same decisions from the same coins.
+    any other device the torch walk of :func:`walk_tree`: the same decisions from the same coins. ``ancestor``
+    [B, N, N]: the tree's ancestor mask when the caller built it already (the walk reads it; the kernel does not).
 
     Example: tree r -> {a (1), b (2)}, a -> c (3); greedy argmax per node = [b, ., y, .]: accept node 2, bonus y.
     """
@@ -223,7 +225,7 @@ def verify_tree(
 
         out = verify_tree_on_device(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
         return VerifyResult.from_sglang(out.predicts, out.accept_index, out.accept_token_num, tree.num_slots)
-    return walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+    return walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
@@ -246,9 +248,11 @@ def walk_tree(
     target_logits: torch.Tensor | None = None,
     target_probs: torch.Tensor | None = None,
     coins: Coins | None = None,
+    ancestor: torch.Tensor | None = None,
 ) -> VerifyResult:
     """The torch twin of the Triton kernel behind :func:`verify_tree`: the same decisions from the same coins, with
-    static shapes and no host synchronisation (no loop over depths, no data-dependent shape).
+    static shapes and no host synchronisation (no loop over depths, no data-dependent shape). ``ancestor``: the
+    tree's :meth:`~.trees.DraftTree.ancestor_mask` when the caller has it (else it is computed).
 
     A node's choice depends only on its own row and coin, so every node chooses at once: greedy, its first child
     carrying the row's argmax; sampled, its first child c (sibling order) with p(c) > 0 and coin < the running sum
@@ -262,25 +266,35 @@ def walk_tree(
     device = tree.tokens.device
     slots = torch.arange(n, device=device)
     tokens = tree.tokens.clamp(min=0)  # [B, N]
-    is_child = tree.valid()[:, None, :] & (tree.parents[:, None, :] == slots[None, :, None])  # [B, node, child]
+    is_node = (tree.parents >= 0) & (slots < tree.num_nodes[:, None])  # [B, N]: a real node below the root
+    # each node's parent, and for the root and padding column n, whose choice below is the root itself
+    parent_column = torch.where(is_node, tree.parents, n)  # [B, N]
     sampled = target_probs is not None
     if sampled:
         probs = target_probs.float()  # [B, N, V]
         vocab = probs.shape[-1]
+        is_child = is_node[:, None, :] & (tree.parents[:, None, :] == slots[None, :, None])  # [B, node, child]
         same_parent = tree.parents[:, :, None] == tree.parents[:, None, :]  # [B, c, j]
         repeat = (same_parent & (tokens[:, :, None] == tokens[:, None, :]) & (slots[None, :] < slots[:, None])).any(-1)
         p = probs.gather(2, tokens[:, None, :].expand(batch, n, n))  # [B, node, child]: p(child's token | node)
         p = torch.where(is_child & ~repeat[:, None, :], p, 0.0)  # a repeated token counts once, as the kernel
         cum = p.cumsum(dim=-1)  # float32 in sibling (index) order: the kernel's running sum
         hit = is_child & (p > 0) & (coins.uniform[:, :, None] < cum)
+        chosen = torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), n)  # [B, N]: each node's choice, n: none
+        chosen = torch.cat([chosen, torch.zeros_like(chosen[:, :1])], dim=1)  # [B, N+1]: column n chooses the root
+        next_token = tokens.gather(1, chosen[:, :n].clamp(max=n - 1))  # [B, N]: the chosen child's token
     else:
         argmax = target_logits.argmax(dim=-1)  # [B, N]: the first maximum, as the kernel
-        hit = is_child & (tokens[:, None, :] == argmax[:, :, None])
-    chosen = torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), NO_NODE)  # [B, N]: each node's choice
-    parent = tree.parents.clamp(min=0)
-    picked = (chosen.gather(1, parent) == slots) | (slots == 0)  # [B, N]: the root, or its parent's choice
+        carries = is_node & (tokens == argmax.gather(1, tree.parents.clamp(min=0)))  # [B, N]: its parent's argmax
+        # each parent's first (lowest-index) child carrying its argmax, n for none; column n collects the rest,
+        # the root (slot 0) among them, so it "chooses" the root
+        chosen = torch.full((batch, n + 1), n, dtype=torch.long, device=device)
+        chosen.scatter_reduce_(1, torch.where(carries, tree.parents, n), slots.expand(batch, n), "amin")
+        next_token = argmax
+    picked = chosen.gather(1, parent_column) == slots  # [B, N]: the root, or its parent's choice
     picked &= tree.depths <= tree.max_depth  # the walk's depth limit (the kernel's num_spec_tokens)
-    on_path = ~(tree.ancestor_mask() & ~picked[:, None, :]).any(dim=-1)  # [B, N]: it and its ancestors picked
+    ancestor = tree.ancestor_mask() if ancestor is None else ancestor  # [B, N, N]
+    on_path = (ancestor <= picked[:, None, :]).all(dim=-1)  # [B, N]: it and each of its ancestors picked
     num_accepted = on_path.sum(dim=-1) - 1  # [B]
     order = torch.where(on_path, tree.depths, n + slots).argsort(dim=-1)  # [B, N]: the path by depth, then the rest
     stop = order.gather(1, num_accepted[:, None])  # [B, 1]: the deepest accepted node
@@ -304,10 +318,10 @@ def walk_tree(
     columns = torch.arange(width, device=device)
     path = order[:, :width] if width <= n else torch.cat([order, order.new_full((batch, width - n), NO_NODE)], 1)
     accepted = torch.where(columns <= num_accepted[:, None], path, NO_NODE)  # [B, D+1]
-    drafts = tree.tokens.gather(1, accepted[:, 1:].clamp(min=0))  # [B, D]: the accepted drafts, then junk
-    output = torch.cat([drafts, drafts.new_full((batch, 1), PAD_TOKEN_ID)], dim=1)  # [B, D+1]
-    output = torch.where(columns < num_accepted[:, None], output, PAD_TOKEN_ID)
-    output.scatter_(1, num_accepted[:, None], bonus[:, None])
+    # step j of the path emits the token its node passed on (the next accepted draft), the last the bonus
+    passed = next_token.gather(1, path.clamp(min=0))  # [B, D+1]
+    emitted = torch.where(columns == num_accepted[:, None], bonus[:, None], PAD_TOKEN_ID)
+    output = torch.where(columns < num_accepted[:, None], passed, emitted)  # [B, D+1]
     return VerifyResult(accepted, num_accepted, bonus, output)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .trees import NO_NODE, NO_PARENT, DraftTree
+from .trees import NO_PARENT, DraftTree
 
 
 def pad_tree(tree: DraftTree, num_slots: int) -> DraftTree:
@@ -54,11 +54,11 @@ def path_first_order(accepted_nodes: torch.Tensor, num_slots: int) -> torch.Tens
     """
     batch, width = accepted_nodes.shape
     device = accepted_nodes.device
-    # key[b, i]: where node i goes: its place on the path, else after the path in node order.
-    key = (torch.arange(num_slots + 1, device=device) + width).repeat(batch, 1)  # [B, N+1]; column N absorbs NO_NODE
-    on_path = accepted_nodes != NO_NODE
-    places = torch.arange(width, device=device).repeat(batch, 1)  # [B, D+1]
-    key.scatter_(1, torch.where(on_path, accepted_nodes, num_slots), places)
+    # key[b, i]: where node i goes: its place on the path, else after the path in node order; NO_NODE % (N + 1) = N,
+    # the column that absorbs the path's padding
+    after_path = torch.arange(width, num_slots + 1 + width, device=device).expand(batch, -1)  # [B, N+1]
+    places = torch.arange(width, device=device).expand(batch, -1)  # [B, D+1]
+    key = after_path.scatter(1, accepted_nodes % (num_slots + 1), places)
     return key[:, :num_slots].argsort(dim=1)
 
 

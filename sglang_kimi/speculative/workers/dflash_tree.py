@@ -338,11 +338,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
         # 4) Verify and commit (``speculators.tree_step``: static shapes, nothing read on the host).
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
-            result = verify_tree(tree, target_logits=logits.view(bs, window, -1))
+            result = verify_tree(tree, target_logits=logits.view(bs, window, -1), ancestor=ancestor)
         else:
             probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
             coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
-            result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins))
+            result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins, ancestor=ancestor))
         draft_rows = self._draft_write_ids(kv_loc_plan).view(bs, window)  # [bs, N]: the drafter's KV rows
         out_tokens, commit_lens, bonus, order, committed_slots, columns, draft_rows, new_seq_lens = commit_layout(
             result, verify_slots, draft_rows, prefix_lens

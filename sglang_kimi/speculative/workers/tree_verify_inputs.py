@@ -37,12 +37,14 @@ def write_tree_mask(buffer: torch.Tensor, ancestor_mask: torch.Tensor, prefix_le
     """
     batch, n, _ = ancestor_mask.shape
     device = ancestor_mask.device
-    prefix = prefix_lens.to(device=device, dtype=torch.long)  # [B]
-    row_len = prefix + n  # [B]
-    starts = torch.cumsum(n * row_len, 0) - n * row_len  # [B]: each request's first row
-    rows = torch.arange(n, device=device)
-    tree_cells = (starts + prefix)[:, None, None] + rows[None, :, None] * row_len[:, None, None] + rows  # [B, N, N]
-    buffer[tree_cells.reshape(-1)] = ancestor_mask.reshape(-1).to(buffer.dtype)
+    prefix = prefix_lens.to(device=device, dtype=torch.long)[:, None]  # [B, 1]
+    # Cell (b, i, j) = start_b + prefix_b + i * (prefix_b + N) + j, where start_b = N * sum_{c < b} (prefix_c + N)
+    # = N * (cumsum_b - prefix_b) + N * N * b; regrouped: N * cumsum_b + prefix_b * (1 - N + i), plus N*N*b + N*i + j,
+    # which is the flat index of (b, i, j) in a [B, N, N] block.
+    row_starts = torch.add(prefix * torch.arange(1 - n, 1, device=device), prefix.cumsum(0), alpha=n)  # [B, N]
+    block_cells = torch.arange(batch * n * n, device=device).view(batch, n, n)  # [B, N, N]
+    tree_cells = row_starts[:, :, None] + block_cells  # [B, N, N]
+    buffer[tree_cells.view(-1)] = ancestor_mask.reshape(-1).to(buffer.dtype)
 
 
 def tree_mask_capacity(host_lens: torch.Tensor, window: int, context_len: int) -> int:
