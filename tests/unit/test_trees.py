@@ -23,11 +23,11 @@ from sglang_kimi.speculators.trees import (
     NO_NODE,
     NO_PARENT,
     PAD_TOKEN_ID,
+    SORT_RANK_MAX,
     DraftTree,
     build_chain,
     build_eagle_tree,
     draft_eagle_tree,
-    SORT_RANK_MAX,
     topk_lowest_index_ties,
 )
 from sglang_kimi.speculators.verify import verify_greedy
