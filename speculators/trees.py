@@ -246,14 +246,15 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
 
 
 def _order_key(values: torch.Tensor) -> torch.Tensor:
-    """int64 [..., V] in [-2**31, 2**31) ordered as the float32 values are: a non-negative float's bits grow with it,
-    a negative float's bits grow with its magnitude, so those are flipped. Example: -1.0, -0.0, 0.0, 1.0 ->
-    keys -1065353217, 0, 0, 1065353216."""
-    v = (values if values.dtype == torch.float32 else values.float()) + 0.0  # -0.0 + 0.0 = 0.0: equal keys
-    v = torch.where(v.isnan(), float("nan"), v)  # every NaN as the positive quiet NaN, above +inf
-    bits = v.view(torch.int32)
-    # a negative's magnitude bits flipped (>> 31: -1 if negative, else 0), in int32, then sign-extended
-    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+    """int64 [..., V] ordered as the float32 values are, equal for equal values: sign * magnitude bits (a float's
+    magnitude bits grow with its magnitude), so -0.0 and 0.0 both key 0, and every NaN keys one magnitude above
+    +inf whatever its sign and payload. Integer arithmetic only (a CPU runs it several times faster than float
+    comparisons and selects). Example: -1.0, -0.0, 0.0, 1.0, inf, nan -> -1065353216, 0, 0, 1065353216, 2139095040,
+    2139095041."""
+    bits = (values if values.dtype == torch.float32 else values.float()).view(torch.int32)
+    magnitude = (bits & 0x7FFFFFFF).clamp(max=0x7F800001)  # every NaN's magnitude is above +inf's 0x7F800000
+    sign = (bits >> 31) & ((magnitude - 0x7F800001) >> 31)  # -1 for a negative number, 0 else (NaN too)
+    return ((magnitude ^ sign) - sign).long()  # two's complement: magnitude, or -magnitude where sign is -1
 
 
 # EAGLE step function: (paths [B, k, s+1] root-to-frontier tokens, parent_slot [B, k]) -> probs [B, k, V].

@@ -57,6 +57,9 @@ class VerifyResult:
     num_accepted: torch.Tensor  # [B] int64: accepted drafts, root excluded
     bonus: torch.Tensor  # [B] int64: the token sampled where verification stopped
     output_tokens: torch.Tensor  # [B, D+1] int64: accepted draft tokens then the bonus, PAD_TOKEN_ID after
+    # [B, N] int64: the window's path-first order (``window.path_first_order`` of accepted_nodes), when the walk
+    # that found the path has it; None otherwise (the kernel's result, one broadcast from another rank)
+    window_order: torch.Tensor | None = None
 
     def output_lists(self) -> list[list[int]]:
         """Per request, the tokens this step emits (``num_accepted + 1`` of them)."""
@@ -265,12 +268,12 @@ def walk_tree(
     batch, n = tree.tokens.shape
     device = tree.tokens.device
     slots = torch.arange(n, device=device)
-    tokens = tree.tokens.clamp(min=0)  # [B, N]
     is_node = (tree.parents >= 0) & (slots < tree.num_nodes[:, None])  # [B, N]: a real node below the root
     # each node's parent, and for the root and padding column n, whose choice below is the root itself
     parent_column = torch.where(is_node, tree.parents, n)  # [B, N]
     sampled = target_probs is not None
     if sampled:
+        tokens = tree.tokens.clamp(min=0)  # [B, N]: gathers stay in range
         probs = target_probs.float()  # [B, N, V]
         vocab = probs.shape[-1]
         is_child = is_node[:, None, :] & (tree.parents[:, None, :] == slots[None, :, None])  # [B, node, child]
@@ -282,22 +285,21 @@ def walk_tree(
         hit = is_child & (p > 0) & (coins.uniform[:, :, None] < cum)
         chosen = torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), n)  # [B, N]: each node's choice, n: none
         chosen = torch.cat([chosen, torch.zeros_like(chosen[:, :1])], dim=1)  # [B, N+1]: column n chooses the root
-        next_token = tokens.gather(1, chosen[:, :n].clamp(max=n - 1))  # [B, N]: the chosen child's token
     else:
         argmax = target_logits.argmax(dim=-1)  # [B, N]: the first maximum, as the kernel
-        carries = is_node & (tokens == argmax.gather(1, tree.parents.clamp(min=0)))  # [B, N]: its parent's argmax
+        carries = is_node & (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0)))  # [B, N]: parent's argmax
         # each parent's first (lowest-index) child carrying its argmax, n for none; column n collects the rest,
         # the root (slot 0) among them, so it "chooses" the root
         chosen = torch.full((batch, n + 1), n, dtype=torch.long, device=device)
         chosen.scatter_reduce_(1, torch.where(carries, tree.parents, n), slots.expand(batch, n), "amin")
-        next_token = argmax
     picked = chosen.gather(1, parent_column) == slots  # [B, N]: the root, or its parent's choice
     picked &= tree.depths <= tree.max_depth  # the walk's depth limit (the kernel's num_spec_tokens)
     ancestor = tree.ancestor_mask() if ancestor is None else ancestor  # [B, N, N]
     on_path = (ancestor <= picked[:, None, :]).all(dim=-1)  # [B, N]: it and each of its ancestors picked
-    num_accepted = on_path.sum(dim=-1) - 1  # [B]
-    order = torch.where(on_path, tree.depths, n + slots).argsort(dim=-1)  # [B, N]: the path by depth, then the rest
-    stop = order.gather(1, num_accepted[:, None])  # [B, 1]: the deepest accepted node
+    num_accepted = on_path.sum(dim=-1, keepdim=True) - 1  # [B, 1]
+    # [B, N]: the path by depth, then the rest in node order (the window's path-first order)
+    order = torch.where(on_path, tree.depths, n + slots).argsort(dim=-1)
+    stop = order.gather(1, num_accepted)  # [B, 1]: the deepest accepted node
     if sampled:
         row = probs.gather(1, stop[:, :, None].expand(batch, 1, vocab))[:, 0]  # [B, V]
         zeroed = (is_child & (p > 0)).gather(1, stop[:, :, None].expand(batch, 1, n))[:, 0]  # [B, N]: rejected
@@ -312,17 +314,18 @@ def walk_tree(
         last_rejected = torch.where(last_rejected >= 0, tokens.gather(1, last_rejected.clamp(min=0)[:, None])[:, 0], -1)
         bonus = torch.where(first < vocab, first, last_positive)
         bonus = torch.where(bonus >= 0, bonus, last_rejected)  # all of p on rejected children (rounding), as the kernel
+        # what each node emits: its chosen child's token, and at the stop the bonus
+        emits = tokens.gather(1, chosen[:, :n].clamp(max=n - 1)).scatter(1, stop, bonus[:, None])  # [B, N]
     else:
+        emits = argmax  # [B, N]: a node on the path passed its argmax on, and the stop's is the bonus
         bonus = argmax.gather(1, stop)[:, 0]
     width = tree.max_depth + 1
     columns = torch.arange(width, device=device)
     path = order[:, :width] if width <= n else torch.cat([order, order.new_full((batch, width - n), NO_NODE)], 1)
-    accepted = torch.where(columns <= num_accepted[:, None], path, NO_NODE)  # [B, D+1]
-    # step j of the path emits the token its node passed on (the next accepted draft), the last the bonus
-    passed = next_token.gather(1, path.clamp(min=0))  # [B, D+1]
-    emitted = torch.where(columns == num_accepted[:, None], bonus[:, None], PAD_TOKEN_ID)
-    output = torch.where(columns < num_accepted[:, None], passed, emitted)  # [B, D+1]
-    return VerifyResult(accepted, num_accepted, bonus, output)
+    emitted = columns <= num_accepted  # [B, D+1]: the path's nodes, root to stop
+    accepted = torch.where(emitted, path, NO_NODE)  # [B, D+1]
+    output = torch.where(emitted, emits.gather(1, path.clamp(min=0)), PAD_TOKEN_ID)  # accepted drafts, then the bonus
+    return VerifyResult(accepted, num_accepted[:, 0], bonus, output, window_order=order)
 
 
 def verify_chain_stochastic(

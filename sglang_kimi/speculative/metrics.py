@@ -140,6 +140,7 @@ class DraftHealth:
     asks and every ``SETTLE_EVERY`` steps after SGLang has brought a step's accept lengths to the host."""
 
     SETTLE_EVERY = 64
+    FOLD_EVERY = 64  # steps whose counts wait, on the device, to be added into the totals at once
 
     def __init__(self) -> None:
         self.positions = 0  # settled totals
@@ -147,16 +148,28 @@ class DraftHealth:
         self._lock = threading.Lock()
         self._counter = None
         self._device = None  # int64 [2]: positions, steps; the totals, added on the worker's device
+        self._pending: list[torch.Tensor] = []  # per step, its count [] on the device, not yet in the totals
         self._since_settle = 0
         self._prometheus = False  # the server exports Prometheus metrics (told with each step)
 
     def add(self, nonfinite: torch.Tensor) -> None:
-        """One step's draft log-probs' non-finite mask, bool [bs, positions, K]."""
-        per_position = nonfinite.any(dim=-1)  # [bs, positions]
-        step = torch.stack([per_position.sum(), per_position.any().long()])  # [2], on the device
-        with self._lock:  # out of place: steps run in and out of torch.inference_mode, and neither may update
-            # in place a tensor the other created
-            self._device = step if self._device is None else self._device + step
+        """One step's draft log-probs' non-finite mask, bool [bs, positions, K]: two device operators a step."""
+        count = nonfinite.any(dim=-1).sum()  # []: the step's non-finite draft positions, on the device
+        with self._lock:
+            self._pending.append(count)
+            if len(self._pending) >= self.FOLD_EVERY:
+                self._fold()
+
+    def _fold(self) -> None:
+        """The pending counts into the device totals (the lock held; device work only)."""
+        if not self._pending:
+            return
+        counts = torch.stack(self._pending)  # [steps]
+        self._pending = []
+        step = torch.stack([counts.sum(), (counts > 0).sum()])  # [2]
+        # out of place: steps run in and out of torch.inference_mode, and neither may update in place a tensor
+        # the other created
+        self._device = step if self._device is None else self._device + step
 
     def step_done(self, prometheus: bool) -> None:
         """After a step's results reached the host: every ``SETTLE_EVERY`` steps, :meth:`settle`."""
@@ -168,6 +181,7 @@ class DraftHealth:
     def settle(self) -> None:
         with self._lock:
             self._since_settle = 0
+            self._fold()
             if self._device is None:
                 return
             # The device totals only grow and are never reset here: the worker adds on its own stream, and a reset

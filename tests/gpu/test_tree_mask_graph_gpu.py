@@ -67,7 +67,7 @@ class CapturedVerify:
         for name, value in arrays.items():
             self.static[name][: value.shape[0]].copy_(value)
         host_bound = torch.tensor(prefix_lens) + 2 * N  # the reserved lengths, an upper bound
-        capacity = tree_mask_capacity(host_bound, N, CONTEXT_LEN)
+        capacity = tree_mask_capacity(int(host_bound.sum()), len(prefix_lens), N, CONTEXT_LEN)
         write_tree_mask(self.mask[:capacity], ancestor, torch.tensor(prefix_lens, device=DEV))
 
     def replay(self, step: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

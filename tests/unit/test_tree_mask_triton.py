@@ -94,7 +94,7 @@ else:
         tree = random_trees(gen, len(prefix_lens), n)
         ancestor = tree.ancestor_mask()  # [B, N, N]
         host_bound = torch.tensor(prefix_lens) + 2 * 8  # reserved lengths: past the context for the first request
-        capacity = tree_mask_capacity(host_bound, n, context_len)
+        capacity = tree_mask_capacity(int(host_bound.sum()), len(prefix_lens), n, context_len)
         assert capacity == len(prefix_lens) * n * (context_len + n) < n * (int(host_bound.sum()) + len(prefix_lens) * n)
         buffer = torch.randint(0, 2, (max_bs * n * (context_len + n),), dtype=torch.uint8, generator=gen)  # stale
         write_tree_mask(buffer[:capacity], ancestor, torch.tensor(prefix_lens))

@@ -155,3 +155,17 @@ def test_results_are_consistent() -> None:
         emitted = [int(tree.tokens[b, path[i]]) for i in range(1, n + 1)] + [int(result.bonus[b])]
         assert result.output_lists()[b] == emitted
         assert all(x == PAD_TOKEN_ID for x in result.output_tokens[b, n + 1 :].tolist())
+
+
+def test_the_walks_window_order_is_the_path_first_order() -> None:
+    """The torch walk hands the commit its window order; it must be ``path_first_order`` of the accepted nodes, for
+    greedy and sampled walks over random trees (padding, duplicate siblings, every path length)."""
+    from sglang_kimi.speculators.window import path_first_order
+
+    gen = torch.Generator().manual_seed(9)
+    tree = random_tree(gen, 512, TREE_SLOTS, 3)
+    logits = torch.randn((512, TREE_SLOTS, 3), generator=gen)
+    for result in (verify_greedy(tree, logits), verify_sampled(tree, logits.softmax(-1), gen)):
+        assert result.window_order is not None
+        assert torch.equal(result.window_order, path_first_order(result.accepted_nodes, TREE_SLOTS))
+        assert set(result.num_accepted.tolist()) == set(range(int(result.num_accepted.max()) + 1))

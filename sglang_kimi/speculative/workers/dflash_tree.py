@@ -295,7 +295,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             else None
         )
         # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
-        capacity = tree_mask_capacity(seq_lens_cpu[:bs], window, target_runner.model_config.context_len)
+        host_sum = int(seq_lens_cpu[:bs].sum())
+        capacity = tree_mask_capacity(host_sum, bs, window, target_runner.model_config.context_len)
         verify_input = DFlashVerifyInput(
             draft_token=tree.tokens.reshape(-1),
             positions=positions.reshape(-1),  # [bs*N]
@@ -306,9 +307,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         batch.out_cache_loc = verify_slots.reshape(-1)
         saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
-        if saved_cpu is not None:
+        if saved_cpu is not None:  # then seq_lens_cpu is saved_cpu, and host_sum its sum
             batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            batch.seq_lens_sum = host_sum + bs * window
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
 

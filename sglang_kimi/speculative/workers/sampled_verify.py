@@ -68,4 +68,5 @@ def sampled_result_from_rank0(result):
         output_tokens=packed[:, nodes : nodes + tokens],
         num_accepted=packed[:, nodes + tokens],
         bonus=packed[:, nodes + tokens + 1],
+        window_order=None,  # this rank's own; commit_layout derives rank 0's from the accepted nodes
     )

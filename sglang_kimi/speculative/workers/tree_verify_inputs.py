@@ -47,14 +47,14 @@ def write_tree_mask(buffer: torch.Tensor, ancestor_mask: torch.Tensor, prefix_le
     buffer[tree_cells.view(-1)] = ancestor_mask.reshape(-1).to(buffer.dtype)
 
 
-def tree_mask_capacity(host_lens: torch.Tensor, window: int, context_len: int) -> int:
+def tree_mask_capacity(host_sum: int, batch: int, window: int, context_len: int) -> int:
     """The length of a tree verify's FULL_MASK buffer: ``window * sum(prefix + window)`` over the batch, from the
-    host's upper bound of the committed lengths (host_lens [B]), and never more than a batch of full contexts,
-    ``B * window * (context_len + window)``: the bound can run past the context near its end, and SGLang sizes its
-    graph-replay mask buffer (per request ``window * (context_len + window)``) by the latter."""
-    bs = int(host_lens.shape[0])
-    from_bound = window * (int(host_lens.sum()) + bs * window)
-    return min(from_bound, bs * window * (int(context_len) + window))
+    host's upper bound of the committed lengths (``host_sum``: their sum over the ``batch`` requests), and never more
+    than a batch of full contexts, ``batch * window * (context_len + window)``: the bound can run past the context
+    near its end, and SGLang sizes its graph-replay mask buffer (per request ``window * (context_len + window)``) by
+    the latter."""
+    from_bound = window * (int(host_sum) + batch * window)
+    return min(from_bound, batch * window * (int(context_len) + window))
 
 
 def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:
