@@ -3,7 +3,7 @@
 embedded tiny Kimi and its DFlash drafter).
 
     python bench/bench_step_launches.py                  # chain and trees of budget 8, 16, 32; concurrency 1 and 8
-    python bench/bench_step_launches.py --budgets 8 --concurrency 1 --repeats 1   # a quick look
+    python bench/bench_step_launches.py --budgets 8 --concurrency 1 --repeats 1 --tp2-budgets ""   # a quick look
 
 For every configuration and concurrency level, with the servers side by side (idle ones sleep):
 - **operators and host synchronisations per step** outside the target forward, per phase: SGLang's torch profiler
@@ -22,7 +22,11 @@ For every configuration and concurrency level, with the servers side by side (id
   ``concurrency`` streaming requests of ``--max-new-tokens``, repeated ``--repeats`` times with the configurations
   interleaved; medians of the repeats, with tokens/s and tau.
 
-Prints a table with every ratio against the chain at the same concurrency, writes
+At tensor parallelism 2 (``--tp2-budgets``: the chain and trees of these budgets, ``-tp2`` in their names) the same
+profile is taken, without the timed passes: the ranking then gathers the ranks' shard candidates, and its operators
+and synchronisations are the ones to count (rank 0's trace).
+
+Prints a table with every ratio against the chain at the same concurrency (and tensor parallelism), writes
 ``bench/results/bench_step_launches.json`` and ``bench_step_launches.png``, and reports the targets (never tuned
 for): no synchronisation in the tree worker's own device work (the ``draft_rank``, ``tree_build`` and
 ``verify_accept`` phases) on the greedy path; operators per tree step outside the target forward <= 1.3x the chain's
@@ -59,14 +63,36 @@ SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
 SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "16384"]
 
 
-def configurations(budgets: list[int]) -> dict[str, list[str]]:
+TP2 = "-tp2"  # the suffix of a configuration served at tensor parallelism 2 (profiled, not timed)
+
+
+def configurations(budgets: list[int], tp2_budgets: list[int] = ()) -> dict[str, list[str]]:
     from sglang_kimi.cli.server import TINY_DFLASH
 
     dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
     configs = {"dflash-chain": dflash}
     for budget in budgets:
         configs[f"dflash-tree-{budget}"] = [*dflash, "--speculative-dflash-tree-budget", str(budget)]
+    if tp2_budgets:
+        configs["dflash-chain" + TP2] = [*dflash, "--tp", "2"]
+        for budget in tp2_budgets:
+            configs[f"dflash-tree-{budget}{TP2}"] = [
+                *dflash,
+                "--speculative-dflash-tree-budget",
+                str(budget),
+                "--tp",
+                "2",
+            ]
     return configs
+
+
+def chain_of(name: str) -> str:
+    """The chain a configuration is compared with: SGLang's DFLASH chain at the same tensor parallelism."""
+    return "dflash-chain" + (TP2 if name.endswith(TP2) else "")
+
+
+def budget_of(name: str) -> int:
+    return int(name.removesuffix(TP2).rsplit("-", 1)[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,7 +242,7 @@ def run(args) -> dict:
     from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
 
     prompts = [gsm8k_prompt(q) for q in load_questions()]
-    configs = configurations(args.budgets)
+    configs = configurations(args.budgets, args.tp2_budgets)
     out_dir = Path(tempfile.mkdtemp(prefix="bench_step_launches-"))
     rows: dict[str, dict[int, dict]] = {name: {c: {"timed": []} for c in args.concurrency} for name in configs}
     with ExitStack() as stack:
@@ -229,14 +255,14 @@ def run(args) -> dict:
             print(f"[{name}] ready in {time.monotonic() - started:.0f} s", flush=True)
             servers[name] = server.base_url
             timed_level(server.base_url, prompts, 1, 16)  # warm-up: the first requests of a server run slower
-        names = list(configs)
+        names = [name for name in configs if not name.endswith(TP2)]  # timed; TP 2 is profiled only
         for r in range(args.repeats):
             for i, c in enumerate(args.concurrency):
                 shift = (r * len(args.concurrency) + i) % len(names)  # rotate the order from round to round
                 for name in names[shift:] + names[:shift]:
                     rows[name][c]["timed"].append(timed_level(servers[name], prompts, c, args.max_new_tokens))
                 print(f"  repeat {r + 1}/{args.repeats}, c={c} timed", flush=True)
-        for name in names:
+        for name in configs:
             for c in args.concurrency:
                 folder = out_dir / f"profile-{name}-c{c}"
                 rows[name][c]["profile"] = profile_level(servers[name], prompts, folder, args.profile_steps, c)
@@ -255,21 +281,25 @@ def run(args) -> dict:
 
 
 def ratios(results: dict) -> dict:
-    """Every tree configuration against the chain at the same concurrency."""
+    """Every tree configuration against the chain at the same concurrency and tensor parallelism (a ratio of a
+    quantity not measured, the TP 2 configurations' times, is None)."""
     rows = results["rows"]
-    chain = rows["dflash-chain"]
+
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
     out = {}
     for name, levels in rows.items():
-        if name == "dflash-chain":
+        if name == chain_of(name):
             continue
         for c, row in levels.items():
-            ref = chain[c]
+            ref = rows[chain_of(name)][c]
             out.setdefault(name, {})[c] = {
                 "operators": row["profile"]["operators_per_step"] / ref["profile"]["operators_per_step"],
-                "host_ms_per_step": row["host_ms_per_step"] / ref["host_ms_per_step"],
-                "host_ms_outside_target_forward": row["host_ms_outside_target_forward"]
-                / ref["host_ms_outside_target_forward"],
-                "tokens_per_s": row["tokens_per_s"] / ref["tokens_per_s"],
+                **{
+                    key: ratio(row.get(key), ref.get(key))
+                    for key in ("host_ms_per_step", "host_ms_outside_target_forward", "tokens_per_s")
+                },
             }
     return out
 
@@ -281,7 +311,7 @@ DEVICE_PHASES = ("draft_rank", "tree_build", "verify_accept")
 def targets(results: dict) -> list[str]:
     lines = []
     for name, levels in results["ratios"].items():
-        budget = int(name.rsplit("-", 1)[1])
+        budget = budget_of(name)
         for c, r in levels.items():
             syncs = results["rows"][name][c]["profile"]["syncs_per_phase"]
             own = sum(syncs.get(phase, 0) for phase in DEVICE_PHASES)
@@ -291,24 +321,28 @@ def targets(results: dict) -> list[str]:
                 ok = r["operators"] <= 1.3
                 lines.append(f"{name} c={c}: operators {r['operators']:.2f}x the chain's (target <= 1.3x): "
                              f"{'met' if ok else 'MISSED'}")  # fmt: skip
-            if budget == 8:
+            if budget == 8 and r.get("host_ms_per_step") is not None:
                 ok = r["host_ms_per_step"] <= 1.15
                 lines.append(f"{name} c={c}: step time {r['host_ms_per_step']:.2f}x the chain's (target <= 1.15x): "
                              f"{'met' if ok else 'MISSED'}")  # fmt: skip
     return lines
 
 
+def _cell(value, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
 def print_table(results: dict) -> None:
-    print(f"\n{'config':<16} {'c':>3} {'tau':>5} {'tok/s':>8} {'ms/step':>8} {'ms out':>7} {'ops/step':>9} "
+    print(f"\n{'config':<20} {'c':>3} {'tau':>5} {'tok/s':>8} {'ms/step':>8} {'ms out':>7} {'ops/step':>9} "
           f"{'syncs':>6} {'ops x':>6} {'ms x':>5}  ops per phase")  # fmt: skip
     for name, levels in results["rows"].items():
         for c, row in levels.items():
             prof = row["profile"]
-            r = results["ratios"].get(name, {}).get(c, {})
-            cells = [f"{name:<16}", f"{c:>3}", f"{row['tau'] or 0:>5.2f}", f"{row['tokens_per_s']:>8.1f}",
-                     f"{row['host_ms_per_step']:>8.2f}", f"{row['host_ms_outside_target_forward']:>7.2f}",
-                     f"{prof['operators_per_step']:>9.1f}", f"{prof['syncs_per_step']:>6.2f}",
-                     f"{r.get('operators', 1.0):>6.2f}", f"{r.get('host_ms_per_step', 1.0):>5.2f}"]  # fmt: skip
+            r = results["ratios"].get(name, {}).get(c, {"operators": 1.0, "host_ms_per_step": 1.0})
+            cells = [f"{name:<20}", f"{c:>3}", _cell(row.get("tau"), 5, 2), _cell(row.get("tokens_per_s"), 8, 1),
+                     _cell(row.get("host_ms_per_step"), 8, 2), _cell(row.get("host_ms_outside_target_forward"), 7, 2),
+                     _cell(prof["operators_per_step"], 9, 1), _cell(prof["syncs_per_step"], 6, 2),
+                     _cell(r.get("operators"), 6, 2), _cell(r.get("host_ms_per_step"), 5, 2)]  # fmt: skip
             print(" ".join(cells), f" {prof['operators_per_phase']}")
     print("\nsynchronisations per step and where (the innermost Python function outside torch):")
     for name, levels in results["rows"].items():
@@ -327,15 +361,19 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results["rows"])
+    timed = [n for n in names if not n.endswith(TP2)]
     levels = results["args"]["concurrency"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(levels)
     for j, c in enumerate(levels):
         xs = [i + j * width for i in range(len(names))]
         axes[0].bar(xs, [results["rows"][n][c]["profile"]["operators_per_step"] for n in names], width, label=f"c={c}")
-        axes[1].bar(xs, [results["rows"][n][c]["host_ms_per_step"] for n in names], width, label=f"c={c}")
-    for ax, title in zip(axes, ("operators per step outside the target forward", "host ms per step (median)")):
-        ax.set_xticks([i + width * (len(levels) - 1) / 2 for i in range(len(names))], names, rotation=20)
+        xs = [i + j * width for i in range(len(timed))]
+        axes[1].bar(xs, [results["rows"][n][c]["host_ms_per_step"] for n in timed], width, label=f"c={c}")
+    for ax, title, shown in zip(
+        axes, ("operators per step outside the target forward", "host ms per step (median, TP 1)"), (names, timed)
+    ):
+        ax.set_xticks([i + width * (len(levels) - 1) / 2 for i in range(len(shown))], shown, rotation=20, ha="right")
         ax.set_title(title, fontsize=10)
         ax.legend()
     fig.tight_layout()
@@ -348,12 +386,19 @@ def main(argv=None) -> int:
                         help="DDTree budgets to compare with the chain (default 8,16,32)")  # fmt: skip
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
                         help="concurrent requests per level (default 1,8)")  # fmt: skip
+    parser.add_argument("--tp2-budgets", type=lambda s: [int(x) for x in s.split(",") if x], default=[8],
+                        help="DDTree budgets also profiled at tensor parallelism 2, with the chain; '' for none "
+                             "(default 8)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per level, interleaved (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per timed request (default 96)")
     parser.add_argument("--profile-steps", type=int, default=8, help="scheduler steps profiled per level (default 8)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step_launches.json")
     args = parser.parse_args(argv)
-    if any(b < 1 or b > 63 for b in args.budgets) or any(c < 1 for c in args.concurrency) or args.repeats < 1:
+    if (
+        any(b < 1 or b > 63 for b in args.budgets + args.tp2_budgets)
+        or any(c < 1 for c in args.concurrency)
+        or args.repeats < 1
+    ):
         parser.error("budgets must be in 1..63, concurrency levels and --repeats at least 1")
     results = run(args)
     results["args"]["out"] = str(args.out)

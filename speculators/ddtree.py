@@ -39,12 +39,13 @@ def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     logits = draft_logits if draft_logits.dtype == torch.float32 else draft_logits.float()
     vocab = logits.shape[-1]
     k = min(k, vocab)
-    rows = logits.reshape(-1, vocab)  # [n, V]
+    rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)  # [n, V]
     block = max(1, CPU_RANK_BLOCK_ELEMENTS // vocab) if rows.device.type == "cpu" else max(1, rows.shape[0])
     shape = (*logits.shape[:-1], k)
     if rows.shape[0] <= block:  # one block: the batch at once
         top, ids = topk_lowest_index_ties(rows, k)  # [n, k]
-        return (top - torch.logsumexp(rows, dim=-1, keepdim=True)).view(shape), ids.view(shape)
+        ranked_lp = top - torch.logsumexp(rows, dim=-1, keepdim=True)
+        return (ranked_lp, ids) if logits.dim() == 2 else (ranked_lp.view(shape), ids.view(shape))
     ranked = []
     for part in rows.split(block):
         top, ids = topk_lowest_index_ties(part, k)  # [rows, k]
@@ -163,7 +164,8 @@ def build_ddtree_ranked(
     parent_base, token_base, column_depth, first_picks = _column_facts(widths, k, device)  # [1 + M] .. [1 + K]
     zero = torch.zeros((batch, 1), dtype=torch.long, device=device)
     pick = torch.cat([first_picks.expand(batch, -1), *picks], dim=1)  # [B, 1 + M]: the root's, then the entries'
-    ids = torch.cat([root[:, None].long(), ranked_ids.flatten(1)], dim=1)  # [B, 1 + L * K]: the root, then the ranks
+    root = root if root.dtype == torch.long else root.long()
+    ids = torch.cat([root[:, None], ranked_ids.flatten(1)], dim=1)  # [B, 1 + L * K]: the root, then the ranks
     # lookup [B, 2 + M]: slot 0 NO_PARENT, slot 1 the root's node 0, slot 2 + e entry e's node (its place + 1)
     lookup = torch.cat([zero + NO_PARENT, zero, ranked.argsort(dim=1) + 1], dim=1)
     order = torch.cat([zero, ranked[:, :num] + 1], dim=1)  # [B, 1 + n]: node i = column order[:, i]
