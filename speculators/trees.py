@@ -219,8 +219,8 @@ def build_chain(root: torch.Tensor, draft_tokens: torch.Tensor) -> DraftTree:
 
 
 # Rows up to this long are ranked by one stable sort; longer ones (a vocabulary, a wide beam) by one top-k over
-# integer keys. On a CPU core a stable sort of 56 rows of 4096 took 13 ms against 2 ms for the keys' top-k; at 256
-# the two cost the same.
+# integer keys. On one CPU core a stable sort of 56 rows of 4096 took 11.5 ms against 0.48 ms for the keys' top-k;
+# of 8 rows, the sort is the cheaper up to about 256 values and the keys from about 512.
 SORT_RANK_MAX = 256
 
 
