@@ -22,6 +22,10 @@ For every configuration and concurrency level, with the servers side by side (id
   ``concurrency`` streaming requests of ``--max-new-tokens``, repeated ``--repeats`` times with the configurations
   interleaved; medians of the repeats, with tokens/s and tau.
 
+Sampled decoding (``--sampled-temperature``, 0.7 by default) takes the tree worker's sampled verification (the
+target's probabilities, the coins, the inverse-CDF bonus): each TP 1 configuration is profiled once more with
+sampled requests, and its operators and synchronisations are shown apart, without targets.
+
 At tensor parallelism 2 (``--tp2-budgets``: the chain and trees of these budgets, ``-tp2`` in their names) the same
 profile is taken, without the timed passes: the ranking then gathers the ranks' shard candidates, and its operators
 and synchronisations are the ones to count (rank 0's trace).
@@ -174,9 +178,13 @@ def _caller(calls: list[tuple[float, float, str]], ts: float) -> str:
     return name
 
 
-def profile_level(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int) -> dict:
+def profile_level(
+    base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, temperature: float = 0.0
+) -> dict:
     check = _gpu_serve_check()
-    result = check.profile(base_url, prompts, folder, steps, concurrency, check.PROFILE_MAX_NEW_TOKENS, with_stack=True)
+    result = check.profile(
+        base_url, prompts, folder, steps, concurrency, check.PROFILE_MAX_NEW_TOKENS, True, temperature
+    )
     return step_operators(check.trace_events(folder.parent / result["trace"]))  # the path is relative to the parent
 
 
@@ -266,6 +274,11 @@ def run(args) -> dict:
             for c in args.concurrency:
                 folder = out_dir / f"profile-{name}-c{c}"
                 rows[name][c]["profile"] = profile_level(servers[name], prompts, folder, args.profile_steps, c)
+                if args.sampled_temperature > 0 and not name.endswith(TP2):
+                    rows[name][c]["profile_sampled"] = profile_level(
+                        servers[name], prompts, folder.with_name(folder.name + "-sampled"), args.profile_steps, c,
+                        args.sampled_temperature,
+                    )  # fmt: skip
                 print(f"  [{name}] c={c} profiled", flush=True)
     for name in rows:
         for c, row in rows[name].items():
@@ -300,6 +313,10 @@ def ratios(results: dict) -> dict:
                     key: ratio(row.get(key), ref.get(key))
                     for key in ("host_ms_per_step", "host_ms_outside_target_forward", "tokens_per_s")
                 },
+                "operators_sampled": ratio(
+                    row.get("profile_sampled", {}).get("operators_per_step"),
+                    ref.get("profile_sampled", {}).get("operators_per_step"),
+                ),
             }
     return out
 
@@ -344,11 +361,22 @@ def print_table(results: dict) -> None:
                      _cell(prof["operators_per_step"], 9, 1), _cell(prof["syncs_per_step"], 6, 2),
                      _cell(r.get("operators"), 6, 2), _cell(r.get("host_ms_per_step"), 5, 2)]  # fmt: skip
             print(" ".join(cells), f" {prof['operators_per_phase']}")
+    sampled = [(name, c, row) for name, levels in results["rows"].items() for c, row in levels.items()
+               if "profile_sampled" in row]  # fmt: skip
+    if sampled:
+        print(f"\nsampled at temperature {results['args']['sampled_temperature']} (profiled only):")
+        for name, c, row in sampled:
+            prof = row["profile_sampled"]
+            r = results["ratios"].get(name, {}).get(c, {"operators_sampled": 1.0})
+            print(f"{name:<20} {c:>3} {_cell(prof['operators_per_step'], 9, 1)} {_cell(prof['syncs_per_step'], 6, 2)} "
+                  f"{_cell(r.get('operators_sampled'), 6, 2)}  {prof['operators_per_phase']}")  # fmt: skip
     print("\nsynchronisations per step and where (the innermost Python function outside torch):")
     for name, levels in results["rows"].items():
         for c, row in levels.items():
-            for site, count in row["profile"].get("sync_sites", {}).items():
-                print(f"  {name} c={c}  {count:.2f}  {site}")
+            for kind in ("profile", "profile_sampled"):
+                for site, count in row.get(kind, {}).get("sync_sites", {}).items():
+                    label = "" if kind == "profile" else " sampled"
+                    print(f"  {name} c={c}{label}  {count:.2f}  {site}")
     print()
     for line in results["targets"]:
         print(line)
@@ -389,6 +417,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tp2-budgets", type=lambda s: [int(x) for x in s.split(",") if x], default=[8],
                         help="DDTree budgets also profiled at tensor parallelism 2, with the chain; '' for none "
                              "(default 8)")  # fmt: skip
+    parser.add_argument("--sampled-temperature", type=float, default=0.7,
+                        help="also profile each TP 1 configuration's sampled step at this temperature, shown apart "
+                             "(0: greedy only; default 0.7)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per level, interleaved (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per timed request (default 96)")
     parser.add_argument("--profile-steps", type=int, default=8, help="scheduler steps profiled per level (default 8)")

@@ -202,9 +202,10 @@ def _growing(path: Path, interval_s: float = 0.5) -> bool:
 
 
 def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurrency: int, max_new_tokens: int,
-            with_stack: bool = False):  # fmt: skip
+            with_stack: bool = False, temperature: float = 0.0):  # fmt: skip
     """``steps`` scheduler steps of SGLang's torch profiler (``/start_profile``; ``with_stack``: with the Python
-    calls) while ``concurrency`` requests decode; the trace's :func:`gpu_idle_share`. The requests ask for
+    calls) while ``concurrency`` requests decode (greedy, or sampled at ``temperature``); the trace's
+    :func:`gpu_idle_share`. The requests ask for
     ``max_new_tokens`` so that even a server with CUDA graphs is still decoding when the profile starts, and are
     aborted once the trace is written."""
     import torch
@@ -212,7 +213,8 @@ def profile(base_url: str, prompts: list[str], folder: Path, steps: int, concurr
     folder.mkdir(parents=True, exist_ok=True)
     activities = ["CPU", "GPU"] if torch.cuda.is_available() else ["CPU"]
     with ThreadPoolExecutor(concurrency) as pool:
-        jobs = [pool.submit(generate, base_url, prompts[i % len(prompts)], max_new_tokens) for i in range(concurrency)]
+        jobs = [pool.submit(generate, base_url, prompts[i % len(prompts)], max_new_tokens, temperature)
+                for i in range(concurrency)]  # fmt: skip
         try:
             time.sleep(1.0)  # past the prefills: the profiled steps decode
             if any(job.done() for job in jobs):

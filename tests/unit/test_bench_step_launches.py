@@ -82,3 +82,27 @@ def test_the_sync_target_reads_the_tree_worker_s_device_phases(phases, met):
     }
     (line,) = bench.targets(results)
     assert line.endswith("met" if met else "MISSED"), line
+
+
+def test_ratios_compare_each_tree_with_the_chain_at_its_parallelism_and_leave_unmeasured_ones_out():
+    def row(ops, ms=None, sampled=None):
+        out = {"profile": {"operators_per_step": ops}, "host_ms_per_step": ms}
+        if sampled is not None:
+            out["profile_sampled"] = {"operators_per_step": sampled}
+        return out
+
+    results = {
+        "rows": {
+            "dflash-chain": {1: row(100, 10.0, 200)},
+            "dflash-tree-8": {1: row(125, 11.0, 300)},
+            "dflash-chain-tp2": {1: row(50)},
+            "dflash-tree-8-tp2": {1: row(60)},
+        }
+    }
+    ratios = bench.ratios(results)
+    assert set(ratios) == {"dflash-tree-8", "dflash-tree-8-tp2"}
+    assert ratios["dflash-tree-8"][1]["operators"] == 1.25 and ratios["dflash-tree-8"][1]["host_ms_per_step"] == 1.1
+    assert ratios["dflash-tree-8"][1]["operators_sampled"] == 1.5
+    tp2 = ratios["dflash-tree-8-tp2"][1]
+    assert tp2["operators"] == 1.2 and tp2["host_ms_per_step"] is None and tp2["operators_sampled"] is None
+    assert bench.budget_of("dflash-tree-16-tp2") == 16 and bench.chain_of("dflash-tree-16-tp2") == "dflash-chain-tp2"
