@@ -190,13 +190,14 @@ def _column_facts(widths: list[int], k: int, device: torch.device) -> tuple[torc
     depth 1's ranks 0..K-1 below the root).
     """
     key = (tuple(widths), k, str(device))
-    facts = None if torch.compiler.is_compiling() else _COLUMN_FACTS.get(key)
+    cached = not torch.compiler.is_compiling()  # a compiled graph holds its own constants
+    facts = _COLUMN_FACTS.get(key) if cached else None
     if facts is None:
         starts = [sum(widths[:d]) for d in range(len(widths))]
         per_beam = [(1, 1, 1)] + [(2 + starts[d - 1], 1 + d * k, d + 1) for d in range(1, len(widths))]
         columns = [(0, 0, 0)] + [fact for fact, width in zip(per_beam, widths) for _ in range(width)]
         rows = [list(row) for row in zip(*columns)] + [[0, *range(k)]]
         facts = tuple(torch.tensor(row, dtype=torch.long, device=device) for row in rows)
-        if not torch.compiler.is_compiling():
+        if cached:
             _COLUMN_FACTS[key] = facts
     return facts
