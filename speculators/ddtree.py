@@ -41,16 +41,21 @@ def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     k = min(k, vocab)
     rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)  # [n, V]
     block = max(1, CPU_RANK_BLOCK_ELEMENTS // vocab) if rows.device.type == "cpu" else max(1, rows.shape[0])
+    if rows.shape[0] <= block:  # one block: the batch at once, with no split and no concatenation
+        ranked_lp, ranked_ids = _rank_rows(rows, k)
+    else:
+        blocks = [_rank_rows(part, k) for part in rows.split(block)]  # per block ([rows, k], [rows, k])
+        ranked_lp, ranked_ids = torch.cat([lp for lp, _ in blocks]), torch.cat([ids for _, ids in blocks])
+    if logits.dim() == 2:
+        return ranked_lp, ranked_ids
     shape = (*logits.shape[:-1], k)
-    if rows.shape[0] <= block:  # one block: the batch at once
-        top, ids = topk_lowest_index_ties(rows, k)  # [n, k]
-        ranked_lp = top - torch.logsumexp(rows, dim=-1, keepdim=True)
-        return (ranked_lp, ids) if logits.dim() == 2 else (ranked_lp.view(shape), ids.view(shape))
-    ranked = []
-    for part in rows.split(block):
-        top, ids = topk_lowest_index_ties(part, k)  # [rows, k]
-        ranked.append((top - torch.logsumexp(part, dim=-1, keepdim=True), ids))
-    return torch.cat([r[0] for r in ranked]).view(shape), torch.cat([r[1] for r in ranked]).view(shape)
+    return ranked_lp.view(shape), ranked_ids.view(shape)
+
+
+def _rank_rows(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rank_draft_logits` of rows [n, V] float32: (ranked_lp [n, k], ranked_ids [n, k])."""
+    top, ids = topk_lowest_index_ties(rows, k)  # [n, k]
+    return top - torch.logsumexp(rows, dim=-1, keepdim=True), ids
 
 
 def shard_candidates(logits: torch.Tensor, k: int, vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -34,6 +34,23 @@ def test_ranking_is_the_top_k_of_log_softmax():
     assert lp.dtype == torch.float32 and ids.dtype == torch.int64
 
 
+def test_ranking_in_blocks_is_the_ranking_at_once(monkeypatch):
+    """A CPU ranks rows CPU_RANK_BLOCK_ELEMENTS at a time: the blocks (one of them short) give the ranking of the
+    batch at once, in the input's leading shape, for 2-D and 3-D inputs."""
+    import sglang_kimi.speculators.ddtree as ddtree
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 7, 300, generator=gen) * 4).bfloat16().float()  # bf16-rounded: ties among the logits
+    at_once = rank_draft_logits(logits, 16)
+    monkeypatch.setattr(ddtree, "CPU_RANK_BLOCK_ELEMENTS", 4 * 300)  # blocks of 4 rows: 21 rows in 6 blocks
+    for got, want_shape in (
+        (rank_draft_logits(logits, 16), (3, 7, 16)),
+        (rank_draft_logits(logits.view(21, 300), 16), (21, 16)),
+    ):
+        assert got[0].shape == got[1].shape == want_shape
+        assert torch.equal(got[1].view(3, 7, 16), at_once[1]) and torch.equal(got[0].view(3, 7, 16), at_once[0])
+
+
 def test_ranking_breaks_ties_by_lower_id():
     logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0]])
     lp, ids = rank_draft_logits(logits, 2)
