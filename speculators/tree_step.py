@@ -85,7 +85,6 @@ def tree_from_ranked(
     else:
         drafted = build_ddtree_ranked(root, ranked_lp, ranked_ids, width)
     drafted = pad_tree(drafted, width + 1)
-    prefix_lens = prefix_lens if prefix_lens.dtype == torch.long else prefix_lens.long()
     return drafted, drafted.positions(prefix_lens), drafted.ancestor_mask(), nonfinite
 
 
@@ -125,8 +124,7 @@ def commit_layout(
     out_tokens = emitted.clamp(min=OUT_TOKEN_PAD)  # [B, min(D+1, N)]: tokens are >= 0, PAD_TOKEN_ID is not
     if out_tokens.shape[1] < n:
         out_tokens = torch.nn.functional.pad(out_tokens, (0, n - out_tokens.shape[1]), value=OUT_TOKEN_PAD)
-    prefix = prefix_lens if prefix_lens.dtype == torch.long else prefix_lens.long()
-    columns = prefix[:, None] + torch.arange(n, device=prefix_lens.device)  # [B, N]
+    columns = prefix_lens[:, None] + torch.arange(n, device=prefix_lens.device)  # [B, N] int64: int32 lens promote
     new_seq_lens = prefix_lens + commit_lens  # [B], prefix_lens' dtype (int64 or int32: int32 commit_lens promote)
     return (
         out_tokens,

@@ -161,7 +161,7 @@ class DraftTree:
         return out
 
     def positions(self, start: torch.Tensor) -> torch.Tensor:
-        """Position ids [B, N] = start [B] + depth: the root sits at ``start``, padding too."""
+        """Position ids [B, N] int64 = start [B] (int32 or int64) + depth: the root sits at ``start``, padding too."""
         return start[:, None] + self.depths
 
     def retrieve_index(self) -> torch.Tensor:

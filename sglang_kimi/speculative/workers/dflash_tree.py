@@ -279,7 +279,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         root = draft_input.bonus_tokens.view(-1).long()  # [bs]
         if width == 0:
             tree = build_chain(root, root.new_empty((bs, 0)))
-            positions, ancestor = tree.positions(prefix_lens.long()), tree.ancestor_mask()
+            positions, ancestor = tree.positions(prefix_lens), tree.ancestor_mask()
         else:
             # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
             draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
