@@ -218,19 +218,33 @@ def build_chain(root: torch.Tensor, draft_tokens: torch.Tensor) -> DraftTree:
     )
 
 
-# Rows up to this long are ranked by one stable sort; longer ones (a vocabulary, a wide beam) by one top-k over
-# integer keys. On one CPU core a stable sort of 56 rows of 4096 took 11.5 ms against 0.48 ms for the keys' top-k;
-# of 8 rows, the sort is the cheaper up to about 256 values and the keys from about 512.
+# Rows up to this long are ranked by one stable sort; longer ones (a vocabulary, a wide beam) by one top-k. On one CPU
+# core a stable sort of 56 rows of 4096 took 11.5 ms against 0.48 ms for a top-k; of 8 rows, the sort is the cheaper
+# up to about 256 values and the top-k from about 512.
 SORT_RANK_MAX = 256
+# A long row's top-k keeps 2k + SURVIVOR_SLACK survivors, so that every value tied with the k-th best is among them
+# (then the lowest indices among the ties are found on the survivors alone) unless more than k + SURVIVOR_SLACK
+# values tie there. torch.topk's cost hardly depends on k at these sizes (a vocabulary of 163840: the same time for
+# k = 8 and 48 on a CPU core).
+SURVIVOR_SLACK = 16
 
 
 def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest of values [..., V] along the last dim, ordered by value descending then index ascending.
 
     Deterministic where ``torch.topk`` is not: among equal values the lowest indices win, also across the cut.
-    Static shapes and no host synchronisation (a CUDA graph holds it): short rows take a stable sort, long ones one
-    ``topk`` over int64 keys ``order_key(value) * 2**32 + (V - 1 - index)``, unique per row, so the k largest keys
-    are the order itself. -0.0 ranks as 0.0 and NaN above every number, as ``torch.topk`` ranks them.
+    Static shapes and no host synchronisation on a GPU (a CUDA graph holds it). -0.0 ranks as 0.0 and NaN above
+    every number, as ``torch.topk`` ranks them.
+
+    - short rows (<= SORT_RANK_MAX): one stable sort;
+    - long rows: one ``torch.topk`` of ``w = 2k + SURVIVOR_SLACK`` survivors, then the survivors ordered by integer
+      keys (:func:`_survivor_topk`): the working set is the survivors', whatever V. Exact whenever a survivor is
+      below the k-th value (every value tied with it survived). On a CPU the rows where more values tie than
+      survived are ranked again over the whole row (:func:`_keyed_topk`; the host reads that flag for free there, and
+      a compiled graph takes the whole-row keys throughout), so the rule holds on every row. On a GPU such a row (more
+      than k + SURVIVOR_SLACK values equal at the k-th best: a saturated drafter row) keeps the tied tokens
+      ``torch.topk`` kept: the draft is still the k best values, only which of the equal ones may differ.
+
     Example: ``values = [0, 3, 1, 3], k = 2`` gives ``([3, 3], [1, 3])``; ``k = 3`` gives ``([3, 3, 1], [1, 3, 2])``.
     Returns (values [..., k], indices [..., k] int64).
     """
@@ -239,6 +253,42 @@ def topk_lowest_index_ties(values: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     if num <= SORT_RANK_MAX:
         top, idx = values.sort(dim=-1, descending=True, stable=True)
         return (top, idx) if k == num else (top[..., :k], idx[..., :k])
+    wide = 2 * k + SURVIVOR_SLACK
+    on_host = values.device.type == "cpu"
+    if wide >= num or (on_host and torch.compiler.is_compiling()):
+        return _keyed_topk(values, k)
+    top, idx, complete = _survivor_topk(values, k, wide)
+    if on_host and not bool(complete.all()):  # a CPU reads its own memory: no device to wait for
+        rows, lead = values.reshape(-1, num), values.shape[:-1]
+        redo = (~complete).reshape(-1).nonzero()[:, 0]  # [r]: rows with more ties at the cut than survived
+        redo_top, redo_idx = _keyed_topk(rows[redo], k)  # [r, k]
+        top = top.reshape(-1, k).index_copy(0, redo, redo_top).view(*lead, k)
+        idx = idx.reshape(-1, k).index_copy(0, redo, redo_idx).view(*lead, k)
+    return top, idx
+
+
+def _survivor_topk(values: torch.Tensor, k: int, wide: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`topk_lowest_index_ties` from ``torch.topk``'s ``wide`` survivors of values [..., V] (k < wide < V).
+
+    ``torch.topk`` keeps every value above its wide-th and some of those equal to it, in an order of its choosing;
+    the survivors are then ranked by the keys of :func:`_keyed_topk` over [..., wide] only. Returns (values [..., k],
+    indices [..., k], complete [...] bool): complete where the last survivor is below the k-th value (so every value
+    tied with the k-th survived and the result is the rule's), or the k-th is NaN and the last survivor is not.
+    Example (V = 6, k = 1, wide = 2): [1, 5, 5, 5, 0, 2]: survivors two of the three 5s -> incomplete.
+    """
+    num = values.shape[-1]
+    top, idx = values.topk(wide, dim=-1)  # [..., wide]: value-descending, ties in torch's order
+    key = torch.add(num - 1 - idx, _order_key(top), alpha=1 << 32)  # [..., wide] int64, unique per row
+    pick = key.topk(k, dim=-1).indices  # [..., k]: value descending, then index ascending
+    kth, last = top.gather(-1, pick[..., -1:])[..., 0], top[..., -1]  # [...]
+    complete = (last < kth) | (kth.isnan() & ~last.isnan())
+    return top.gather(-1, pick), idx.gather(-1, pick), complete
+
+
+def _keyed_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_lowest_index_ties` over the whole row: one ``topk`` over int64 keys
+    ``order_key(value) * 2**32 + (V - 1 - index)``, unique per row, so the k largest keys are the order itself."""
+    num = values.shape[-1]
     reversed_index = torch.arange(num - 1, -1, -1, device=values.device)  # [V]: lower index, larger key
     key = torch.add(reversed_index, _order_key(values), alpha=1 << 32)  # [..., V] int64
     idx = key.topk(k, dim=-1).indices  # [..., k], sorted

@@ -24,10 +24,12 @@ from sglang_kimi.speculators.trees import (
     NO_PARENT,
     PAD_TOKEN_ID,
     SORT_RANK_MAX,
+    SURVIVOR_SLACK,
     DraftTree,
     build_chain,
     build_eagle_tree,
     draft_eagle_tree,
+    _survivor_topk,
     topk_lowest_index_ties,
 )
 from sglang_kimi.speculators.verify import verify_greedy
@@ -144,6 +146,46 @@ def test_long_rows_rank_as_the_stable_sort(seed: int) -> None:
         ref_values, ref_ids = rows.sort(dim=-1, descending=True, stable=True)
         assert ids.tolist() == ref_ids[:, :k].tolist(), k
         torch.testing.assert_close(values, ref_values[:, :k], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("k", [1, 8, 32])
+def test_vocabulary_rows_rank_from_the_survivors(k: int) -> None:
+    """At a vocabulary's length the ranking is torch.topk's survivors ordered (no whole-row keys): bf16-rounded logits,
+    ties at the cut in about half the rows, all complete, and the stable sort's ids and values."""
+    gen = torch.Generator().manual_seed(k)
+    rows = (torch.randn(12, 163840, generator=gen) * 3).bfloat16().float()
+    _, _, complete = _survivor_topk(rows, k, 2 * k + SURVIVOR_SLACK)
+    assert bool(complete.all())
+    values, ids = topk_lowest_index_ties(rows, k)
+    ref_values, ref_ids = rows.sort(dim=-1, descending=True, stable=True)
+    assert ids.tolist() == ref_ids[:, :k].tolist()
+    assert torch.equal(values, ref_values[:, :k])
+
+
+def test_survivors_flag_rows_with_more_ties_than_survived() -> None:
+    """A row with more values tied at the k-th than survived is flagged (and ranked again over the whole row), a row
+    whose ties all survived is not; the docstring's example too."""
+    _, _, complete = _survivor_topk(torch.tensor([[1.0, 5, 5, 5, 0, 2]]), 1, 2)
+    assert complete.tolist() == [False]
+    num, k = 1000, 4
+    rows = torch.zeros(3, num)
+    rows[0, 500:] = 1.0  # 500 values tie at the 4th best: more than 2k + slack survivors
+    rows[1, 10:13] = 2.0  # ties at the cut, all among the survivors
+    rows[1, [7, 900]] = 1.0
+    rows[2, 990:] = float("nan")  # NaN ties above every number, all surviving
+    _, _, complete = _survivor_topk(rows, k, 2 * k + SURVIVOR_SLACK)
+    assert complete.tolist() == [False, True, True]
+    values, ids = topk_lowest_index_ties(rows, k)
+    assert ids.tolist() == [[500, 501, 502, 503], [10, 11, 12, 7], [990, 991, 992, 993]]
+
+
+def test_survivor_ranking_compiles_whole():
+    """The GPU's ranking of long rows (survivors only, no host read) compiles as one graph."""
+    torch._dynamo.reset()
+    rows = torch.randn(3, 2000).bfloat16().float()
+    compiled = torch.compile(lambda x: _survivor_topk(x, 8, 32), fullgraph=True, dynamic=False, backend="eager")
+    for got, want in zip(compiled(rows), _survivor_topk(rows, 8, 32)):
+        assert torch.equal(got, want)
 
 
 def test_topk_lowest_index_ties_docstring() -> None:
