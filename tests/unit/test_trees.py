@@ -26,10 +26,10 @@ from sglang_kimi.speculators.trees import (
     SORT_RANK_MAX,
     SURVIVOR_SLACK,
     DraftTree,
+    _survivor_topk,
     build_chain,
     build_eagle_tree,
     draft_eagle_tree,
-    _survivor_topk,
     topk_lowest_index_ties,
 )
 from sglang_kimi.speculators.verify import verify_greedy
