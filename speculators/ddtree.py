@@ -28,23 +28,30 @@ from .trees import NO_PARENT, DraftTree, topk_lowest_index_ties
 CPU_RANK_BLOCK_ELEMENTS = 1 << 19
 
 
-def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rank_draft_logits(
+    draft_logits: torch.Tensor, k: int, *, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's best ``k`` tokens as full-vocabulary log-probs.
 
     draft_logits [..., V] -> (ranked_lp [..., k] float32, ranked_ids [..., k] int64), ranked by logit descending
     then vocab id ascending. ``log_softmax`` is monotone in the logit, so this is the top-k of the log-probs:
-    ``ranked_lp = top_logit - logsumexp(row)``.
+    ``ranked_lp = top_logit - logsumexp(row)``. The cost is one ``torch.topk`` and one log-sum-exp: the top-k's
+    survivors are ordered on their own (:func:`.trees.topk_lowest_index_ties`), and the log-sum-exp takes the row's
+    maximum from the top-k. ``overwrite``: the float32 logits are the caller's scratch (its own copy of a matmul's
+    output), and the log-sum-exp's exponentials are taken in place, so nothing of the rows' size is allocated.
     Example: logits [2, 0, 2], k=2 -> ids [0, 2], lp [2, 2] - log(2e^2 + 1).
     """
+    in_place = overwrite and draft_logits.dtype == torch.float32
     logits = draft_logits if draft_logits.dtype == torch.float32 else draft_logits.float()
+    in_place |= logits is not draft_logits  # the float32 copy made here is this function's own
     vocab = logits.shape[-1]
     k = min(k, vocab)
     rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)  # [n, V]
     block = max(1, CPU_RANK_BLOCK_ELEMENTS // vocab) if rows.device.type == "cpu" else max(1, rows.shape[0])
     if rows.shape[0] <= block:  # one block: the batch at once, with no split and no concatenation
-        ranked_lp, ranked_ids = _rank_rows(rows, k)
+        ranked_lp, ranked_ids = _rank_rows(rows, k, in_place)
     else:
-        blocks = [_rank_rows(part, k) for part in rows.split(block)]  # per block ([rows, k], [rows, k])
+        blocks = [_rank_rows(part, k, in_place) for part in rows.split(block)]  # per block ([rows, k], [rows, k])
         ranked_lp, ranked_ids = torch.cat([lp for lp, _ in blocks]), torch.cat([ids for _, ids in blocks])
     if logits.dim() == 2:
         return ranked_lp, ranked_ids
@@ -52,27 +59,43 @@ def rank_draft_logits(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     return ranked_lp.view(shape), ranked_ids.view(shape)
 
 
-def _rank_rows(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rank_draft_logits` of rows [n, V] float32: (ranked_lp [n, k], ranked_ids [n, k])."""
+def _rank_rows(rows: torch.Tensor, k: int, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rank_draft_logits` of rows [n, V] float32: (ranked_lp [n, k], ranked_ids [n, k]). ``in_place``: the
+    rows are scratch (overwritten by their exponentials)."""
     top, ids = topk_lowest_index_ties(rows, k)  # [n, k]
-    return top - torch.logsumexp(rows, dim=-1, keepdim=True), ids
+    return top - logsumexp_from_max(rows, top[:, :1], in_place), ids
 
 
-def shard_candidates(logits: torch.Tensor, k: int, vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logsumexp_from_max(rows: torch.Tensor, row_max: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """``torch.logsumexp(rows, -1, keepdim=True)`` of rows [n, V] given each row's maximum [n, 1] (a top-k's first
+    value): the same ``max + log(sum(exp(x - max)))`` without the pass that finds the maximum, an infinite maximum
+    shifted by 0 as torch does (a row of -inf gives -inf, one holding +inf gives +inf, NaN stays NaN). ``in_place``:
+    the exponentials overwrite ``rows``."""
+    shift = torch.where(row_max.isinf(), 0.0, row_max)  # [n, 1]
+    exps = rows.sub_(shift).exp_() if in_place else (rows - shift).exp_()  # [n, V]
+    return exps.sum(dim=-1, keepdim=True).log_() + shift
+
+
+def shard_candidates(
+    logits: torch.Tensor, k: int, vocab_start: int, *, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One vocabulary shard's candidates for :func:`merge_shard_candidates`.
 
     logits [n, V_shard] (this shard's raw logits, global ids ``vocab_start ..``) -> (values [n, k] raw logits,
     ids [n, k] global int64, lse [n, 1]). A shard smaller than ``k`` offers all it has, padded with -inf values
-    (never chosen while a real candidate remains: every shard together holds V >= k tokens).
+    (never chosen while a real candidate remains: every shard together holds V >= k tokens). ``overwrite``: as in
+    :func:`rank_draft_logits`.
     """
+    in_place = logits.dtype != torch.float32 or overwrite  # the float32 copy made here is this function's own
     logits = logits.float()
     local_k = min(k, logits.shape[-1])
     values, ids = topk_lowest_index_ties(logits, local_k)  # [n, local_k]
+    lse = logsumexp_from_max(logits, values[:, :1], in_place)  # [n, 1]
     if local_k < k:
         pad = k - local_k
         values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], dim=1)
         ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), vocab_start)], dim=1)
-    return values, ids + vocab_start, torch.logsumexp(logits, dim=-1, keepdim=True)
+    return values, ids + vocab_start, lse
 
 
 def merge_shard_candidates(

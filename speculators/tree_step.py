@@ -58,7 +58,8 @@ def rank_draft_hidden(draft_hidden: torch.Tensor, lm_head: torch.Tensor, k: int)
     # batched matmul many times slower
     rows = draft_hidden.reshape(-1, draft_hidden.shape[-1])  # [n, H]
     rows = rows if rows.dtype == lm_head.dtype else rows.to(lm_head.dtype)
-    ranked_lp, ranked_ids = rank_draft_logits(torch.nn.functional.linear(rows, lm_head).float(), k)  # [n, k]
+    logits = torch.nn.functional.linear(rows, lm_head)  # [n, V]: a fresh tensor, so the ranking may overwrite it
+    ranked_lp, ranked_ids = rank_draft_logits(logits, k, overwrite=True)  # [n, k]
     return ranked_lp.view(*lead, -1), ranked_ids.view(*lead, -1)
 
 

@@ -7,6 +7,7 @@ import torch
 from sglang_kimi.speculators.ddtree import (
     build_ddtree,
     build_ddtree_ranked,
+    logsumexp_from_max,
     merge_shard_candidates,
     num_tree_nodes,
     rank_draft_logits,
@@ -101,3 +102,33 @@ def test_num_tree_nodes():
     assert num_tree_nodes(2, 2, 10) == 6  # 2 prefixes of depth 1, 4 of depth 2
     assert num_tree_nodes(7, 64, 64) == 64
     assert num_tree_nodes(3, 1, 10) == 3  # a chain
+
+
+def test_logsumexp_from_the_top_value_is_torchs():
+    """The ranking's log-sum-exp from the top-k's first value: torch.logsumexp's value on ordinary rows (to float32
+    rounding) and on rows of -inf, with +inf or with NaN; in place it overwrites the rows, else leaves them alone."""
+    gen = torch.Generator().manual_seed(3)
+    rows = (torch.randn(6, 5000, generator=gen) * 5).bfloat16().float()
+    rows[1] = float("-inf")
+    rows[2, 17] = float("inf")
+    rows[3, 99] = float("nan")
+    rows[4, :4000] = float("-inf")
+    kept = rows.clone()
+    row_max = rows.nan_to_num(nan=float("inf")).amax(dim=-1, keepdim=True)  # NaN ranks above every number
+    row_max[3] = float("nan")
+    got = logsumexp_from_max(rows, row_max)
+    assert torch.equal(rows.nan_to_num(), kept.nan_to_num())  # not written
+    torch.testing.assert_close(got, torch.logsumexp(kept, dim=-1, keepdim=True), rtol=2e-6, atol=0, equal_nan=True)
+    scratch = kept.clone()
+    assert torch.equal(logsumexp_from_max(scratch, row_max, in_place=True).nan_to_num(), got.nan_to_num())
+    assert not torch.allclose(scratch, kept, equal_nan=True)  # the exponentials were written over the rows
+
+
+def test_overwrite_ranks_the_same_and_only_then_writes_the_rows():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 700, generator=gen)
+    kept = logits.clone()
+    lp, ids = rank_draft_logits(logits, 9)
+    assert torch.equal(logits, kept)
+    lp2, ids2 = rank_draft_logits(logits, 9, overwrite=True)
+    assert torch.equal(lp, lp2) and torch.equal(ids, ids2) and not torch.equal(logits, kept)

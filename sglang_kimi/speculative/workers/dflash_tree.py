@@ -525,7 +525,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         bs, depth = hidden.shape[:2]
         with _draft_tp_scope(self):
             logits = torch.matmul(hidden.reshape(bs * depth, -1).to(weight.dtype), weight[:local_size].T).float()
-        values, ids, lse = shard_candidates(logits, k, local_start)  # [n, K], [n, K], [n, 1]
+        values, ids, lse = shard_candidates(logits, k, local_start, overwrite=True)  # [n, K], [n, K], [n, 1]
         values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
         ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
         lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
