@@ -21,8 +21,10 @@ processing of the non-speculative sampler (:func:`process_logits`):
   min(1, p_i(x_i) / q_i(x_i)); at the first rejection the recovered token is drawn from norm(max(p_i - q_i, 0));
   if all L drafts are accepted the bonus is drawn from p_{L+1}.
 
-:func:`verify_tree` is the one entry point for trees and chains: the Triton kernel (``kernels/tree_verify.py``) on
-a GPU, the torch walk here elsewhere; both take the same decisions from the same coins. Coins come from torch's
+:func:`verify_tree` is the one entry point for trees and chains. Greedy, everywhere: one argmax over every node's
+row, then the torch walk here on token ids (:func:`walk_tree`: a few operators over [B, N], no per-node pass over
+the vocabulary). Sampled: the Triton kernel (``kernels/tree_verify.py``) on a GPU, the torch walk elsewhere; both
+take the same decisions from the same coins. Coins come from torch's
 generator (:func:`random_coins`) or from each request's sampling seed (:func:`seeded_coins`), so a seeded request
 draws the same coins whatever else shares its batch.
 """
@@ -210,9 +212,11 @@ def verify_tree(
 ) -> VerifyResult:
     """Verify B trees (chains are trees) against the target: greedy from ``target_logits`` [B, N, V], or sampled
     from ``target_probs`` [B, N, V] (:func:`process_logits`) with ``coins``. Row i of the target is its
-    distribution at node i (rows of padding slots are ignored). On a CUDA/ROCm device the Triton kernel runs, on
-    any other device the torch walk of :func:`walk_tree`: the same decisions from the same coins. ``ancestor``
-    [B, N, N]: the tree's ancestor mask when the caller built it already (the walk reads it; the kernel does not).
+    distribution at node i (rows of padding slots are ignored). Greedy: one argmax over all B * N rows, then
+    :func:`walk_tree` on the ids, on every device (a kernel walking the logits would scan the vocabulary at each
+    visited node, one node after another). Sampled: on a CUDA/ROCm device the Triton kernel, elsewhere the torch
+    walk: the same decisions from the same coins. ``ancestor`` [B, N, N]: the tree's ancestor mask when the caller
+    built it already (the walk reads it; the kernel does not).
 
     Example: tree r -> {a (1), b (2)}, a -> c (3); greedy argmax per node = [b, ., y, .]: accept node 2, bonus y.
     """
@@ -223,10 +227,10 @@ def verify_tree(
         raise ValueError(f"target rows must be [{tree.batch_size}, {tree.num_slots}, V], got {list(target.shape)}")
     if target_probs is not None and coins is None:
         raise ValueError("sampled verification needs coins (random_coins or seeded_coins)")
-    if tree.tokens.is_cuda:
+    if tree.tokens.is_cuda and target_probs is not None:
         from ..kernels.tree_verify import verify_tree_on_device  # the kernel's layout and launch
 
-        out = verify_tree_on_device(tree, target_logits=target_logits, target_probs=target_probs, coins=coins)
+        out = verify_tree_on_device(tree, target_probs=target_probs, coins=coins)
         return VerifyResult.from_sglang(out.predicts, out.accept_index, out.accept_token_num, tree.num_slots)
     return walk_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
 
@@ -286,7 +290,7 @@ def walk_tree(
         chosen = torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), n)  # [B, N]: each node's choice, n: none
         chosen = torch.cat([chosen, torch.zeros_like(chosen[:, :1])], dim=1)  # [B, N+1]: column n chooses the root
     else:
-        argmax = target_logits.argmax(dim=-1)  # [B, N]: the first maximum, as the kernel
+        argmax = target_logits.argmax(dim=-1)  # [B, N]: one argmax over all rows, the first maximum as the kernel
         carries = is_node & (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0)))  # [B, N]: parent's argmax
         # each parent's first (lowest-index) child carrying its argmax, n for none; column n collects the rest,
         # the root (slot 0) among them, so it "chooses" the root
