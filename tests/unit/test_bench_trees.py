@@ -26,6 +26,12 @@ def test_bench_trees_writes_json_and_png_with_same_trees(tmp_path):
         "1",
         "--devices",
         "cpu",
+        "--rank-batch-sizes",
+        "1,3",
+        "--rank-budgets",
+        "4,40",
+        "--rank-vocab",
+        "20000",
     ]
     command = [sys.executable, str(REPO / "bench" / "bench_trees.py"), *sizes, "--output", str(output)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -36,4 +42,10 @@ def test_bench_trees_writes_json_and_png_with_same_trees(tmp_path):
     assert all(r["same_trees"] for r in rows), rows
     assert all(r["batched_median_ms"] > 0 and r["heap_median_ms"] > 0 for r in rows)
     assert output.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ranking = report["ranking"]
+    assert [(r["batch_size"], r["k"]) for r in ranking] == [(1, 4), (1, 40), (3, 4), (3, 40)]
+    assert all(r["same_ids_as_whole_row_keys"] for r in ranking), ranking
+    # in place the ranking allocates only its survivors' keys (96 of 20000 at K = 40); whole-row keys 20 bytes a logit
+    assert all(r["peak_bytes_per_logit"]["ranking_overwrite"] < 1 < r["peak_bytes_per_logit"]["keys"] for r in ranking)
+    assert (tmp_path / "trees_ranking.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "speedup" in done.stdout
