@@ -8,9 +8,10 @@ speedups (``bench/results/bench_trees.{json,png}``).
 
 Then the ranking alone (``speculators.ddtree.rank_draft_logits``: each position's best K tokens and its log-sum-exp)
 on bf16-rounded logits [B, L, V] (ties as a bf16 LM head makes them), for B in ``--rank-batch-sizes`` and K in
-``--rank-budgets``, against ``torch.topk(K) + torch.logsumexp`` over the same rows in the same run (what a ranking
-cannot do with less), and against the whole-row integer keys the ranking used before (``trees._keyed_topk``); the
-peak bytes each allocates beyond its input (torch's profiler), also with ``overwrite=True`` as the tree step calls it;
+``--rank-budgets``, as the tree step calls it (``overwrite=True`` on its own copy of the LM head's output), against
+``torch.topk(K) + torch.logsumexp`` over the same rows in the same run (what a ranking cannot do with less), and
+against the whole-row integer keys the ranking used before (``trees._keyed_topk``), each timed from a fresh copy of
+the logits; the peak bytes each allocates beyond its input (torch's profiler), the ranking also without overwrite;
 and whether its ids equal the whole-row keys' (the tie rule). Plot: ``bench_trees_ranking.png``.
 
     python bench/bench_trees.py            # B in {1, 16, 64}, budget in {16, 32, 64}, CPU (and CUDA if present)
@@ -121,11 +122,14 @@ def bench_ranking(devices, batch_sizes, budgets, length, vocab, repeats) -> list
             gen = torch.Generator(device=device).manual_seed(100 + batch)
             logits = (torch.randn((batch, length, vocab), generator=gen, device=device) * 3).bfloat16().float()
             for k in budgets:
+                # each from a fresh copy of the logits, as the LM head writes them every step (the step's ranking
+                # overwrites its copy; the copy is common to all three)
+                scratch = [torch.empty_like(logits) for _ in range(3)]
                 floor, ranking, keys = median_seconds(
                     [
-                        functools.partial(plain_top_k, logits, k),
-                        functools.partial(rank_draft_logits, logits, k),
-                        functools.partial(whole_row_keys, logits, k),
+                        lambda: plain_top_k(scratch[0].copy_(logits), k),
+                        lambda: rank_draft_logits(scratch[1].copy_(logits), k, overwrite=True),
+                        lambda: whole_row_keys(scratch[2].copy_(logits), k),
                     ],
                     repeats,
                     device,

@@ -2,9 +2,9 @@
 
 The rules and their torch twin are ``speculators/verify.py`` (``walk_tree``; derivation in ``docs/verification.md``):
 ``speculators.verify.verify_tree`` launches this kernel on a GPU for sampled verification, through
-:func:`verify_tree_on_device`; greedy verification there is one argmax over all nodes, then the torch walk on ids. Vocabulary:
-the walk starts at the root (node 0, the last committed token), **accepts** a root-to-node path of drafted children,
-then emits one **bonus** token sampled where it stopped.
+:func:`verify_tree_on_device`; greedy verification there is one argmax over all nodes, then the torch walk on ids.
+Vocabulary: the walk starts at the root (node 0, the last committed token), **accepts** a root-to-node path of
+drafted children, then emits one **bonus** token sampled where it stopped.
 
 Rules:
 

@@ -18,6 +18,8 @@ ranking is :func:`.ddtree.shard_candidates`, an all-gather and :func:`.ddtree.me
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from .ddtree import build_ddtree_ranked, rank_draft_logits
@@ -99,24 +101,41 @@ def verify_side(
     target_probs: torch.Tensor | None = None,
     coins: Coins | None = None,
     ancestor: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> CommitLayout:
     """Verify the window (greedy from target_logits [B, N, V], or sampled from target_probs [B, N, V] with coins)
     and lay out its commit (:func:`commit_layout`). ``ancestor`` [B, N, N]: :func:`draft_side`'s mask, reused."""
     result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
     return commit_layout(result, verify_slots, draft_rows, prefix_lens)
 
 
+@dataclass
+class CommitLayout:
+    """What a verified window commits, as a chain of ``accepted + 1`` tokens (:func:`commit_layout`).
+
+    Example: N = 3, path [0, 2], bonus y: out_tokens [t2, y, 0], commit_lens [2], order [0, 2, 1].
+    """
+
+    out_tokens: torch.Tensor  # [B, N] int64: the accepted drafts, then the bonus, then OUT_TOKEN_PAD
+    commit_lens: torch.Tensor  # [B] int32: accepted + 1
+    bonus: torch.Tensor  # [B] int64: the token sampled where verification stopped
+    order: torch.Tensor  # [B, N] int64: the path-first permutation of the window
+    committed_slots: torch.Tensor  # [B, N]: verify_slots in that order, for req_to_token's columns
+    columns: torch.Tensor  # [B, N] int64: prefix + 0..N-1
+    draft_rows: torch.Tensor  # [B, N]: the drafter's KV rows in that order
+    new_seq_lens: torch.Tensor  # [B]: prefix + commit_lens
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        """The fields in order (a compiled or exported graph returns tensors)."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
 def commit_layout(
     result: VerifyResult, verify_slots: torch.Tensor, draft_rows: torch.Tensor, prefix_lens: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """What a verified window commits, as a chain of ``accepted + 1`` tokens.
+) -> CommitLayout:
+    """What a verified window commits, as a chain of ``accepted + 1`` tokens (:class:`CommitLayout`).
 
     result: the verification of B trees of N slots; verify_slots [B, N]: the KV slots the verify wrote (node i in
     column i); draft_rows [B, N]: the drafter's KV rows of the same columns; prefix_lens [B].
-    Returns (out_tokens [B, N] int64: the committed tokens, then OUT_TOKEN_PAD; commit_lens [B] int32: accepted + 1;
-    bonus [B]; order [B, N]: the path-first permutation of the window; committed_slots [B, N]: verify_slots in that
-    order, for req_to_token's columns; columns [B, N]: prefix + 0..N-1; draft_rows in that order [B, N]; new_seq_lens
-    [B]). Example: N = 3, path [0, 2], bonus y: out_tokens [t2, y, 0], commit_lens [2], order [0, 2, 1].
     """
     batch, n = verify_slots.shape
     commit_lens = (result.num_accepted + 1).to(torch.int32)  # [B]
@@ -127,13 +146,13 @@ def commit_layout(
         out_tokens = torch.nn.functional.pad(out_tokens, (0, n - out_tokens.shape[1]), value=OUT_TOKEN_PAD)
     columns = prefix_lens[:, None] + torch.arange(n, device=prefix_lens.device)  # [B, N] int64: int32 lens promote
     new_seq_lens = prefix_lens + commit_lens  # [B], prefix_lens' dtype (int64 or int32: int32 commit_lens promote)
-    return (
-        out_tokens,
-        commit_lens,
-        result.bonus,
-        order,
-        verify_slots.gather(1, order),
-        columns,
-        draft_rows.gather(1, order),
-        new_seq_lens,
+    return CommitLayout(
+        out_tokens=out_tokens,
+        commit_lens=commit_lens,
+        bonus=result.bonus,
+        order=order,
+        committed_slots=verify_slots.gather(1, order),
+        columns=columns,
+        draft_rows=draft_rows.gather(1, order),
+        new_seq_lens=new_seq_lens,
     )

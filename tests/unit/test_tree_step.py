@@ -45,8 +45,8 @@ class Verify(torch.nn.Module):
 
         tree = DraftTree(tokens, parents, depths, num_nodes, self.max_depth)
         if self.sampled:
-            return verify_side(tree, slots, rows, prefix, target_probs=target, coins=Coins(uniform, final))
-        return verify_side(tree, slots, rows, prefix, target_logits=target)
+            return verify_side(tree, slots, rows, prefix, target_probs=target, coins=Coins(uniform, final)).as_tuple()
+        return verify_side(tree, slots, rows, prefix, target_logits=target).as_tuple()
 
 
 def _same(a, b):

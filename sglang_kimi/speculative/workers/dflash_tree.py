@@ -33,6 +33,7 @@ verify: a plain decode step that still feeds the drafter's context).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -82,9 +83,9 @@ from sglang_kimi.speculative.workers.tree_verify_inputs import (
     write_tree_mask,
 )
 from sglang_kimi.speculators.ddtree import merge_shard_candidates, shard_candidates
-from sglang_kimi.speculators.tree_step import commit_layout, rank_draft_hidden, tree_from_ranked
+from sglang_kimi.speculators.tree_step import CommitLayout, commit_layout, rank_draft_hidden, tree_from_ranked
 from sglang_kimi.speculators.trees import DraftTree, build_chain
-from sglang_kimi.speculators.verify import verify_tree
+from sglang_kimi.speculators.verify import VerifyResult, verify_tree
 from sglang_kimi.speculators.window import gather_rows
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,31 @@ def _draft_tp_scope(worker):
     if "draft_owns_attention" in own:
         return worker.draft_tp_context(group, owns_attention=own["draft_owns_attention"])
     return worker.draft_tp_context(group)
+
+
+@dataclass
+class StepPlan:
+    """A decode step's width and KV slots (:meth:`DFlashTreeWorker._plan_step`)."""
+
+    draft_input: DFlashDraftInputV2  # the batch's draft state as the step found it (the verify replaces spec_info)
+    bs: int
+    width: int  # w: drafts of a chain or nodes of a tree, 0 for none
+    window: int  # N = w + 1 verify slots a request
+    started: object  # the adaptive policy's clock of this step, None without adaptive
+    prefix_lens: torch.Tensor  # [bs]: committed lengths
+    seq_lens_cpu: torch.Tensor  # [>= bs] host lengths (or SGLang's reserved bound under overlap)
+    window_slots: torch.Tensor  # [bs, max(N, B)]: the slots SGLang reserved from the prefix on
+    verify_slots: torch.Tensor  # [bs, N]: the verify's, node i in column i
+    kv_loc_plan: object  # the verify's KV plan
+
+
+@dataclass
+class WindowDraft:
+    """The step's draft padded to the window (:meth:`DFlashTreeWorker._draft_window`)."""
+
+    tree: DraftTree  # N slots a request
+    positions: torch.Tensor  # [bs, N]: prefix + depth
+    ancestor: torch.Tensor  # [bs, N, N] bool
 
 
 class DFlashTreeWorker(DFlashWorkerV2):
@@ -247,7 +273,42 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return self._tree_decode_step(batch, on_publish, grammar_barrier, phases)
 
     def _tree_decode_step(self, batch, on_publish, grammar_barrier, phases: StepPhases) -> GenerationBatchResult:
+        """One decode step, phase by phase (each a method below, named as its profiler range):
+        plan -> draft (forward, rank, tree build) -> verify inputs -> target verify -> accept -> commit -> draft KV."""
         phases.enter("plan")
+        plan = self._plan_step(batch)
+        draft = self._draft_window(batch, plan, phases)  # module docstring 1-2: drafter, ranking, tree
+        phases.enter("verify_prepare")
+        verify_batch, grammar_tree = self._verify_inputs(batch, plan, draft)  # 3: the window's tokens, positions, mask
+        phases.enter("target_forward")
+        target_out = self._target_verify(verify_batch)  # 3: the target over every window
+        phases.enter("verify_accept")
+        logits = self._verify_logits(batch, target_out, draft.tree, grammar_tree, grammar_barrier, plan.window)
+        result = self._accept(batch, plan, draft, logits)  # 3: the accepted path and the bonus
+        layout = self._commit(batch, plan, result, target_out.logits_output, logits)  # 4: the path as a chain
+        if on_publish is not None:
+            on_publish(layout.new_seq_lens)
+        phases.enter("draft_kv_append")
+        self._append_draft_kv(target_out.logits_output, layout)  # 4: the drafter's context
+        self._record(batch, plan, result)
+        return GenerationBatchResult(
+            logits_output=target_out.logits_output,
+            next_token_ids=layout.out_tokens.reshape(-1),
+            accept_lens=layout.commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=layout.bonus, new_seq_lens=layout.new_seq_lens
+            ),
+            speculative_num_draft_tokens=plan.window,
+            new_seq_lens=layout.new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    def _plan_step(self, batch) -> StepPlan:
+        """The step's width (the adaptive policy's for this batch, else the widest) and its KV slots: reserved by
+        SGLang for the widest window from position prefix on; the verify writes the first w + 1 of them, the
+        drafter's scratch block the first B."""
         draft_input = batch.spec_info
         bs = len(batch.seq_lens)
         self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
@@ -256,11 +317,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         block, window = self.block_size, width + 1
         prefix_lens = batch.seq_lens  # [bs]
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
-        target_runner = self.target_worker.model_runner
-        req_to_token = target_runner.req_to_token_pool.req_to_token
-
-        # The step's slots: reserved by SGLang for the widest window, from position prefix on; the verify writes
-        # the first w + 1 of them, the drafter's scratch block the first B.
+        req_to_token = self.target_worker.model_runner.req_to_token_pool.req_to_token
         span = max(window, block) if width > 0 else window
         window_slots = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
@@ -272,55 +329,78 @@ class DFlashTreeWorker(DFlashWorkerV2):
             device=self.device,
         ).view(bs, span)  # [bs, span]
         verify_slots = window_slots[:, :window].contiguous()  # [bs, w+1]
-        kv_loc_plan = self._plan(batch, seq_lens_cpu, verify_slots)
+        return StepPlan(
+            draft_input=draft_input,
+            bs=bs,
+            width=width,
+            window=window,
+            started=started,
+            prefix_lens=prefix_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            window_slots=window_slots,
+            verify_slots=verify_slots,
+            kv_loc_plan=self._plan(batch, seq_lens_cpu, verify_slots),
+        )
 
-        # 1) Draft: one DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head, and the
-        # tree (or chain) padded to the window, with its positions and ancestor mask.
-        root = draft_input.bonus_tokens.view(-1).long()  # [bs]
-        if width == 0:
-            tree = build_chain(root, root.new_empty((bs, 0)))
-            positions, ancestor = tree.positions(prefix_lens), tree.ancestor_mask()
-        else:
-            # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
-            draft_plan = kv_loc_plan if window >= block else self._plan(batch, seq_lens_cpu, window_slots[:, :block])
-            tree, positions, ancestor = self._draft_tree(
-                batch, root, prefix_lens, seq_lens_cpu, draft_plan, width, phases
-            )
+    def _draft_window(self, batch, plan: StepPlan, phases: StepPhases) -> WindowDraft:
+        """One DFlash pass over [bonus, mask x (B-1)], ranked per position by the target's LM head, and the tree
+        (or chain) padded to the window, with its positions and ancestor mask; width 0: the root alone."""
+        root = plan.draft_input.bonus_tokens.view(-1).long()  # [bs]
+        if plan.width == 0:
+            tree = build_chain(root, root.new_empty((plan.bs, 0)))
+            return WindowDraft(tree, tree.positions(plan.prefix_lens), tree.ancestor_mask())
+        # the drafter's scratch block takes the window's first B columns; a narrower window needs its own plan
+        block = self.block_size
+        draft_plan = (
+            plan.kv_loc_plan
+            if plan.window >= block
+            else self._plan(batch, plan.seq_lens_cpu, plan.window_slots[:, :block])
+        )
+        return WindowDraft(
+            *self._draft_tree(batch, root, plan.prefix_lens, plan.seq_lens_cpu, draft_plan, plan.width, phases)
+        )
 
-        # 2) The verify's inputs: the tree's tokens and positions, its mask's blocks written in place.
-        phases.enter("verify_prepare")
+    def _verify_inputs(self, batch, plan: StepPlan, draft: WindowDraft):
+        """The verify's batch: the tree's tokens and positions, its mask's blocks written in place; and the grammar's
+        view of the tree when the batch is constrained. Returns (verify ForwardBatch, GrammarTree or None)."""
+        bs, window, tree = plan.bs, plan.window, draft.tree
         grammar_tree = (
             GrammarTree.from_device(tree.retrieve_next_token(), tree.retrieve_next_sibling(), tree.tokens)
             if batch.has_grammar
             else None
         )
         # seq_lens_cpu: the host lengths, or SGLang's reserved upper bound when the host has none (overlap)
-        host_sum = int(seq_lens_cpu[:bs].sum())
-        capacity = tree_mask_capacity(host_sum, bs, window, target_runner.model_config.context_len)
+        host_sum = int(plan.seq_lens_cpu[:bs].sum())
+        context_len = self.target_worker.model_runner.model_config.context_len
+        capacity = tree_mask_capacity(host_sum, bs, window, context_len)
         verify_input = DFlashVerifyInput(
             draft_token=tree.tokens.reshape(-1),
-            positions=positions.reshape(-1),  # [bs*N]
+            positions=draft.positions.reshape(-1),  # [bs*N]
             draft_token_num=window,
-            custom_mask=self._tree_mask(ancestor, prefix_lens, capacity),
+            custom_mask=self._tree_mask(draft.ancestor, plan.prefix_lens, capacity),
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            kv_loc_plan=kv_loc_plan,
+            kv_loc_plan=plan.kv_loc_plan,
         )
-        batch.out_cache_loc = verify_slots.reshape(-1)
+        batch.out_cache_loc = plan.verify_slots.reshape(-1)
         saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
         if saved_cpu is not None:  # then seq_lens_cpu is saved_cpu, and host_sum its sum
             batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
             batch.seq_lens_sum = host_sum + bs * window
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        return verify_batch, grammar_tree
 
-        # 3) Target verify over the tree.
-        phases.enter("target_forward")
-        target_out = self.target_worker.forward_batch_generation(
+    def _target_verify(self, verify_batch):
+        """The target's forward over every request's window (its verify graph when one was captured)."""
+        return self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
         )
-        phases.enter("verify_accept")
-        logits_output = target_out.logits_output
-        logits = logits_output.next_token_logits  # [bs*N, V]
+
+    @staticmethod
+    def _verify_logits(batch, target_out, tree: DraftTree, grammar_tree, grammar_barrier, window: int):
+        """The target's logits [bs*N, V] at every node, processed as the non-speculative sampler processes a row:
+        SGLang's adjustments, each node's own penalties, the logit bias, the grammar's mask, custom processors."""
+        logits = target_out.logits_output.next_token_logits  # [bs*N, V]
         sampling_info = batch.sampling_info
         if sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
@@ -336,61 +416,64 @@ class DFlashTreeWorker(DFlashWorkerV2):
                 barrier=grammar_barrier,
             ).apply(logits)
         apply_processors(logits, sampling_info, tree)  # custom logit processors last, each node seeing its own path
+        return logits
 
-        # 4) Verify and commit (``speculators.tree_step``: static shapes, nothing read on the host).
+    @staticmethod
+    def _accept(batch, plan: StepPlan, draft: WindowDraft, logits: torch.Tensor) -> VerifyResult:
+        """Tree verification (``speculators.verify``; static shapes, nothing read on the host): greedy on the
+        argmax ids, or sampled from the processed probabilities with each request's coins (rank 0's under TP)."""
+        bs, window, sampling_info = plan.bs, plan.window, batch.sampling_info
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
-            result = verify_tree(tree, target_logits=logits.view(bs, window, -1), ancestor=ancestor)
-        else:
-            probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
-            coins = verify_coins(sampling_info, prefix_lens, bs, window)  # per-request seeds when SGLang has them
-            result = sampled_result_from_rank0(verify_tree(tree, target_probs=probs, coins=coins, ancestor=ancestor))
-        draft_rows = self._draft_write_ids(kv_loc_plan).view(bs, window)  # [bs, N]: the drafter's KV rows
-        out_tokens, commit_lens, bonus, order, committed_slots, columns, draft_rows, new_seq_lens = commit_layout(
-            result, verify_slots, draft_rows, prefix_lens
+            return verify_tree(draft.tree, target_logits=logits.view(bs, window, -1), ancestor=draft.ancestor)
+        probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
+        coins = verify_coins(sampling_info, plan.prefix_lens, bs, window)  # per-request seeds when SGLang has them
+        return sampled_result_from_rank0(
+            verify_tree(draft.tree, target_probs=probs, coins=coins, ancestor=draft.ancestor)
         )
-        req_to_token[batch.req_pool_indices.long()[:, None], columns] = committed_slots.to(req_to_token.dtype)
+
+    def _commit(self, batch, plan: StepPlan, result: VerifyResult, logits_output, logits) -> CommitLayout:
+        """The accepted path moved to the front of the window in ``req_to_token`` (its KV is at its final positions
+        already), and the committed rows' logprobs and sampling masks where the requests ask for them."""
+        draft_rows = self._draft_write_ids(plan.kv_loc_plan).view(plan.bs, plan.window)  # [bs, N]: drafter KV rows
+        layout = commit_layout(result, plan.verify_slots, draft_rows, plan.prefix_lens)
+        req_to_token = self.target_worker.model_runner.req_to_token_pool.req_to_token
+        req_to_token[batch.req_pool_indices.long()[:, None], layout.columns] = layout.committed_slots.to(
+            req_to_token.dtype
+        )
+        sampling_info = batch.sampling_info
         wants_masks = getattr(sampling_info, "sampling_mask_batch_indices", None) is not None
         if batch.return_logprob or wants_masks:  # they read the committed rows: the full-vocabulary copy only then
-            logits_output.next_token_logits = gather_rows(logits, order)  # [bs*N, V], row j: out_tokens[:, j]'s law
-            self._capture_sampling_mask(logits_output, sampling_info, draft_input, out_tokens, commit_lens, window)
+            logits_output.next_token_logits = gather_rows(logits, layout.order)  # [bs*N, V], row j: out_tokens[:, j]
+            self._capture_sampling_mask(
+                logits_output, sampling_info, plan.draft_input, layout.out_tokens, layout.commit_lens, plan.window
+            )
             if batch.return_logprob:
-                compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=window)
+                compute_spec_logprobs(batch, logits_output, layout.out_tokens.reshape(-1), chain_stride=plan.window)
+        return layout
 
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-
-        # The drafter's context: the committed tokens' target features, at their positions and slots.
-        phases.enter("draft_kv_append")
+    def _append_draft_kv(self, logits_output, layout: CommitLayout) -> None:
+        """The drafter's context: the committed tokens' target features, at their positions and slots."""
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH tree verify requires target hidden states, but got None.")
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=gather_rows(hidden, order),
-            cache_loc=draft_rows.reshape(-1),
-            cache_loc_2d=draft_rows,
-            positions=columns.reshape(-1),
-            commit_lens=commit_lens,
+            target_hidden=gather_rows(hidden, layout.order),
+            cache_loc=layout.draft_rows.reshape(-1),
+            cache_loc_2d=layout.draft_rows,
+            positions=layout.columns.reshape(-1),
+            commit_lens=layout.commit_lens,
         )
         logits_output.hidden_states = None
 
+    def _record(self, batch, plan: StepPlan, result: VerifyResult) -> None:
+        """The adaptive policy's measurement of the step, and the accepted paths' trace when one is recorded."""
         if self.adaptive is not None:
             # a tree's path measures every narrower budget on the same requests; a chain's depth already does
             paths = result.accepted_nodes if self.tree_budget is not None else None
-            self.adaptive.finish(started, bs, width, result.num_accepted, paths)
+            self.adaptive.finish(plan.started, plan.bs, plan.width, result.num_accepted, paths)
         if self._trace_file is not None and self.tree_budget is not None:
             rank = int(get_parallel().tp_group.rank_in_group)
-            append_paths(self._trace_file, [req.rid for req in batch.reqs], width, result.accepted_nodes, rank)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
-            accept_lens=commit_lens,
-            can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=window,
-            new_seq_lens=new_seq_lens,
-            routed_experts_output=target_out.routed_experts_output,
-            indexer_topk_output=target_out.indexer_topk_output,
-        )
+            append_paths(self._trace_file, [req.rid for req in batch.reqs], plan.width, result.accepted_nodes, rank)
 
     def _tree_mask(self, ancestor: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
         """The step's FULL_MASK: its tree blocks written in place (``write_tree_mask``) into a buffer kept across
