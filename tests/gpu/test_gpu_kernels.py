@@ -177,6 +177,22 @@ def test_ddtree_build_kimi_block():
         assert torch.equal(getattr(got, f), getattr(expected, f)), f
 
 
+@pytest.mark.parametrize("batch,k", [(1, 8), (16, 16), (64, 32)])
+def test_ranking_on_the_gpu_is_the_cpus(batch, k):
+    """The ranking's survivors on the GPU (torch.topk's 2k + 16, ordered by the tie rule's keys; no host read) give
+    the CPU's ids, which follow the lowest-index rule on every row, on bf16-rounded logits at Kimi's vocabulary
+    (ties at the cut in a quarter to a half of the rows), and log-probs to float32 rounding; in place too."""
+    gen = torch.Generator().manual_seed(batch * 100 + k)
+    logits = (torch.randn(batch, 7, KIMI_VOCAB, generator=gen) * 3).bfloat16().float()
+    ref_lp, ref_ids = rank_draft_logits(logits, k)
+    on_gpu = logits.to(DEV)
+    lp, ids = rank_draft_logits(on_gpu, k)
+    assert torch.equal(ids.cpu(), ref_ids)
+    torch.testing.assert_close(lp.cpu(), ref_lp, rtol=1e-5, atol=1e-5)
+    lp2, ids2 = rank_draft_logits(on_gpu.clone(), k, overwrite=True)
+    assert torch.equal(ids2, ids) and torch.equal(lp2, lp)
+
+
 def _fused_moe_or_reason():
     try:
         from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts  # noqa: F401
