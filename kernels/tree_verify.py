@@ -356,20 +356,19 @@ def tree_verify(
     return TreeVerifyOutput(predicts, accept_index, accept_token_num)
 
 
-def verify_tree_on_device(tree, *, target_logits=None, target_probs=None, coins=None) -> TreeVerifyOutput:
-    """The launch behind ``speculators.verify.verify_tree`` on a CUDA/ROCm device: a ``DraftTree`` in SGLang's
-    retrieve layout, one kernel launch; the caller reads the outputs back into a ``VerifyResult``."""
+def verify_tree_on_device(tree, *, target_probs, coins) -> TreeVerifyOutput:
+    """The launch behind ``speculators.verify.verify_tree``'s sampled verification on a CUDA/ROCm device: a
+    ``DraftTree`` in SGLang's retrieve layout, one kernel launch; the caller reads the outputs back into a
+    ``VerifyResult``."""
     batch, n = tree.tokens.shape
     retrieve_index = torch.arange(batch * n, device=tree.tokens.device).view(batch, n)
-    out = tree_verify(
+    return tree_verify(
         tree.tokens.clamp(min=0),
         retrieve_index,
         tree.retrieve_next_token(),
         tree.retrieve_next_sibling(),
         num_spec_tokens=tree.max_depth + 1,
-        target_logits=target_logits,
         target_probs=target_probs,
-        uniform_samples=None if coins is None else coins.uniform,
-        uniform_samples_for_final_sampling=None if coins is None else coins.final,
+        uniform_samples=coins.uniform,
+        uniform_samples_for_final_sampling=coins.final,
     )
-    return out

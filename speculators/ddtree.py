@@ -42,9 +42,7 @@ def rank_draft_logits(
     output), and the log-sum-exp's exponentials are taken in place, so nothing of the rows' size is allocated.
     Example: logits [2, 0, 2], k=2 -> ids [0, 2], lp [2, 2] - log(2e^2 + 1).
     """
-    in_place = overwrite and draft_logits.dtype == torch.float32
-    logits = draft_logits if draft_logits.dtype == torch.float32 else draft_logits.float()
-    in_place |= logits is not draft_logits  # the float32 copy made here is this function's own
+    logits, in_place = _float32_scratch(draft_logits, overwrite)
     vocab = logits.shape[-1]
     k = min(k, vocab)
     rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)  # [n, V]
@@ -58,6 +56,13 @@ def rank_draft_logits(
         return ranked_lp, ranked_ids
     shape = (*logits.shape[:-1], k)
     return ranked_lp.view(shape), ranked_ids.view(shape)
+
+
+def _float32_scratch(logits: torch.Tensor, overwrite: bool) -> tuple[torch.Tensor, bool]:
+    """The logits in float32, and whether they may be overwritten: the caller said so, or they are a copy made here."""
+    if logits.dtype == torch.float32:
+        return logits, overwrite
+    return logits.float(), True
 
 
 def _rank_rows(rows: torch.Tensor, k: int, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +92,7 @@ def shard_candidates(
     (never chosen while a real candidate remains: every shard together holds V >= k tokens). ``overwrite``: as in
     :func:`rank_draft_logits`.
     """
-    in_place = logits.dtype != torch.float32 or overwrite  # the float32 copy made here is this function's own
-    logits = logits.float()
+    logits, in_place = _float32_scratch(logits, overwrite)
     local_k = min(k, logits.shape[-1])
     values, ids = topk_lowest_index_ties(logits, local_k)  # [n, local_k]
     lse = logsumexp_from_max(logits, values[:, :1], in_place)  # [n, 1]

@@ -280,9 +280,10 @@ def _survivor_topk(values: torch.Tensor, k: int, wide: int) -> tuple[torch.Tenso
     top, idx = values.topk(wide, dim=-1)  # [..., wide]: value-descending, ties in torch's order
     key = torch.add(num - 1 - idx, _order_key(top), alpha=1 << 32)  # [..., wide] int64, unique per row
     pick = key.topk(k, dim=-1).indices  # [..., k]: value descending, then index ascending
-    kth, last = top.gather(-1, pick[..., -1:])[..., 0], top[..., -1]  # [...]
+    ranked = top.gather(-1, pick)  # [..., k]
+    kth, last = ranked[..., -1], top[..., -1]  # [...]
     complete = (last < kth) | (kth.isnan() & ~last.isnan())
-    return top.gather(-1, pick), idx.gather(-1, pick), complete
+    return ranked, idx.gather(-1, pick), complete
 
 
 def _keyed_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
