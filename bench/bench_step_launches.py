@@ -26,16 +26,23 @@ Sampled decoding (``--sampled-temperature``, 0.7 by default) takes the tree work
 target's probabilities, the coins, the inverse-CDF bonus): each TP 1 configuration is profiled once more with
 sampled requests, and its operators and synchronisations are shown apart, without targets.
 
-At tensor parallelism 2 (``--tp2-budgets``: the chain and trees of these budgets, ``-tp2`` in their names) the same
-profile is taken, without the timed passes: the ranking then gathers the ranks' shard candidates, and its operators
-and synchronisations are the ones to count (rank 0's trace).
+``adaptive@chain`` is adaptive DFLASH chains (``--speculative-kimi-adaptive``) whose only width is the block's full
+chain: every step is then SGLang's own chain step, called by the plugin's worker, and it should cost what SGLang's
+chain server costs.
 
-Prints a table with every ratio against the chain at the same concurrency (and tensor parallelism), writes
+At tensor parallelism 2 (``--tp2-budgets``: the chain, adaptive@chain and trees of these budgets, ``-tp2`` in their
+names) the same profile is taken, without the timed passes: the ranking then gathers the ranks' shard candidates,
+and its operators and synchronisations are the ones to count (rank 0's trace).
+
+Prints a table with every ratio against the chain at the same concurrency (and tensor parallelism): operators
+outside the target forward (``ops x``) and outside both the target's and the drafter's forwards (``out x``: on a
+GPU the drafter forward is one graph replay for chain and tree alike, so this is the work a tree step adds), writes
 ``bench/results/bench_step_launches.json`` and ``bench_step_launches.png``, and reports the targets (never tuned
 for): no synchronisation in the tree worker's own device work (the ``draft_rank``, ``tree_build`` and
-``verify_accept`` phases) on the greedy path; operators per tree step outside the target forward <= 1.3x the chain's
-at budgets 8 and 16; tree step time at budget 8 <= 1.15x the chain's. The tree build is the torch reference here and
-one Triton kernel on a GPU: its operators are shown apart.
+``verify_accept`` phases) on the greedy path; operators per tree step outside both forwards <= 1.25x the chain's at
+budgets 8 and 16; tree step time at budget 8 <= 1.15x the chain's; adaptive@chain's operators and step time <= 1.05x
+the chain's. The tree build is the torch reference here and one Triton kernel on a GPU: its operators are shown
+apart.
 """
 
 from __future__ import annotations
@@ -68,17 +75,34 @@ SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "16384"]
 
 
 TP2 = "-tp2"  # the suffix of a configuration served at tensor parallelism 2 (profiled, not timed)
+ADAPTIVE_CHAIN = "adaptive@chain"  # adaptive DFLASH chains held at the block's full chain
+# the drafter forward's own range in a step: SGLang's DFLASH worker names it, for the chain and the tree worker alike
+DRAFTER_FORWARD = "sglang:step[DRAFT]"
 
 
-def configurations(budgets: list[int], tp2_budgets: list[int] = ()) -> dict[str, list[str]]:
+def configurations(budgets: list[int], tp2_budgets: list[int] = (), folder: Path | None = None) -> dict[str, list[str]]:
+    """The servers: SGLang's chain, the trees, and adaptive chains whose only width is the block's full chain (the
+    step SGLang's chain step serves), each at TP 1 and, with ``tp2_budgets``, the chain, those trees and adaptive
+    at TP 2. ``folder``: where adaptive's settings and cost profile are written."""
     from sglang_kimi.cli.server import TINY_DFLASH
 
     dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
+    folder = folder or Path(tempfile.mkdtemp(prefix="bench_step_launches-"))
+    block = int(json.loads((TINY_DFLASH / "config.json").read_text())["block_size"])
+    (folder / "adaptive-chain.json").write_text(json.dumps({"widths": [block - 1]}))
+
+    def adaptive(suffix: str) -> list[str]:
+        settings, profile = folder / "adaptive-chain.json", folder / f"adaptive-profile{suffix}.json"
+        return ["--speculative-kimi-adaptive", "--speculative-kimi-adaptive-config", str(settings),
+                "--speculative-kimi-adaptive-profile", str(profile)]  # fmt: skip
+
     configs = {"dflash-chain": dflash}
     for budget in budgets:
         configs[f"dflash-tree-{budget}"] = [*dflash, "--speculative-dflash-tree-budget", str(budget)]
+    configs[ADAPTIVE_CHAIN] = [*dflash, *adaptive("")]
     if tp2_budgets:
         configs["dflash-chain" + TP2] = [*dflash, "--tp", "2"]
+        configs[ADAPTIVE_CHAIN + TP2] = [*dflash, *adaptive(TP2), "--tp", "2"]
         for budget in tp2_budgets:
             configs[f"dflash-tree-{budget}{TP2}"] = [
                 *dflash,
@@ -95,8 +119,10 @@ def chain_of(name: str) -> str:
     return "dflash-chain" + (TP2 if name.endswith(TP2) else "")
 
 
-def budget_of(name: str) -> int:
-    return int(name.removesuffix(TP2).rsplit("-", 1)[1])
+def budget_of(name: str) -> int | None:
+    """A tree configuration's budget; None for adaptive chains."""
+    base = name.removesuffix(TP2)
+    return None if base == ADAPTIVE_CHAIN else int(base.rsplit("-", 1)[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,6 +177,8 @@ def step_operators(events: list[dict]) -> dict:
     return {
         "steps": n,
         "operators_per_step": sum(per_phase.values()) / n,
+        # outside the drafter's forward too: on a GPU that forward is one graph replay, for chain and tree alike
+        "operators_outside_forwards": (sum(per_phase.values()) - per_phase.get(DRAFTER_FORWARD, 0)) / n,
         "syncs_per_step": sum(syncs_per_phase.values()) / n,
         "operators_per_phase": {k: round(v / n, 2) for k, v in sorted(per_phase.items())},
         "syncs_per_phase": {k: round(v / n, 2) for k, v in sorted(syncs_per_phase.items())},
@@ -250,8 +278,8 @@ def run(args) -> dict:
     from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
 
     prompts = [gsm8k_prompt(q) for q in load_questions()]
-    configs = configurations(args.budgets, args.tp2_budgets)
     out_dir = Path(tempfile.mkdtemp(prefix="bench_step_launches-"))
+    configs = configurations(args.budgets, args.tp2_budgets, out_dir)
     rows: dict[str, dict[int, dict]] = {name: {c: {"timed": []} for c in args.concurrency} for name in configs}
     with ExitStack() as stack:
         servers = {}
@@ -309,6 +337,9 @@ def ratios(results: dict) -> dict:
             ref = rows[chain_of(name)][c]
             out.setdefault(name, {})[c] = {
                 "operators": row["profile"]["operators_per_step"] / ref["profile"]["operators_per_step"],
+                "operators_outside_forwards": ratio(
+                    row["profile"].get("operators_outside_forwards"), ref["profile"].get("operators_outside_forwards")
+                ),
                 **{
                     key: ratio(row.get(key), ref.get(key))
                     for key in ("host_ms_per_step", "host_ms_outside_target_forward", "tokens_per_s")
@@ -330,14 +361,21 @@ def targets(results: dict) -> list[str]:
     for name, levels in results["ratios"].items():
         budget = budget_of(name)
         for c, r in levels.items():
+            if budget is None:  # adaptive held at the full chain: SGLang's chain step itself
+                for key in ("operators", "host_ms_per_step"):
+                    if r.get(key) is not None:
+                        ok = r[key] <= 1.05
+                        lines.append(f"{name} c={c}: {key} {r[key]:.2f}x the chain's (target <= 1.05x): "
+                                     f"{'met' if ok else 'MISSED'}")  # fmt: skip
+                continue
             syncs = results["rows"][name][c]["profile"]["syncs_per_phase"]
             own = sum(syncs.get(phase, 0) for phase in DEVICE_PHASES)
             lines.append(f"{name} c={c}: syncs/step in {', '.join(DEVICE_PHASES)} {own:.2f} (target 0): "
                          f"{'met' if own == 0 else 'MISSED'}")  # fmt: skip
-            if budget in (8, 16):
-                ok = r["operators"] <= 1.3
-                lines.append(f"{name} c={c}: operators {r['operators']:.2f}x the chain's (target <= 1.3x): "
-                             f"{'met' if ok else 'MISSED'}")  # fmt: skip
+            if budget in (8, 16) and r.get("operators_outside_forwards") is not None:
+                ok = r["operators_outside_forwards"] <= 1.25
+                lines.append(f"{name} c={c}: operators outside both forwards {r['operators_outside_forwards']:.2f}x "
+                             f"the chain's (target <= 1.25x): {'met' if ok else 'MISSED'}")  # fmt: skip
             if budget == 8 and r.get("host_ms_per_step") is not None:
                 ok = r["host_ms_per_step"] <= 1.15
                 lines.append(f"{name} c={c}: step time {r['host_ms_per_step']:.2f}x the chain's (target <= 1.15x): "
@@ -351,15 +389,17 @@ def _cell(value, width: int, digits: int) -> str:
 
 def print_table(results: dict) -> None:
     print(f"\n{'config':<20} {'c':>3} {'tau':>5} {'tok/s':>8} {'ms/step':>8} {'ms out':>7} {'ops/step':>9} "
-          f"{'syncs':>6} {'ops x':>6} {'ms x':>5}  ops per phase")  # fmt: skip
+          f"{'syncs':>6} {'ops x':>6} {'out x':>6} {'ms x':>5}  ops per phase")  # fmt: skip
     for name, levels in results["rows"].items():
         for c, row in levels.items():
             prof = row["profile"]
-            r = results["ratios"].get(name, {}).get(c, {"operators": 1.0, "host_ms_per_step": 1.0})
+            same = {"operators": 1.0, "operators_outside_forwards": 1.0, "host_ms_per_step": 1.0}
+            r = results["ratios"].get(name, {}).get(c, same)
             cells = [f"{name:<20}", f"{c:>3}", _cell(row.get("tau"), 5, 2), _cell(row.get("tokens_per_s"), 8, 1),
                      _cell(row.get("host_ms_per_step"), 8, 2), _cell(row.get("host_ms_outside_target_forward"), 7, 2),
                      _cell(prof["operators_per_step"], 9, 1), _cell(prof["syncs_per_step"], 6, 2),
-                     _cell(r.get("operators"), 6, 2), _cell(r.get("host_ms_per_step"), 5, 2)]  # fmt: skip
+                     _cell(r.get("operators"), 6, 2), _cell(r.get("operators_outside_forwards"), 6, 2),
+                     _cell(r.get("host_ms_per_step"), 5, 2)]  # fmt: skip
             print(" ".join(cells), f" {prof['operators_per_phase']}")
     sampled = [(name, c, row) for name, levels in results["rows"].items() for c, row in levels.items()
                if "profile_sampled" in row]  # fmt: skip

@@ -8,6 +8,7 @@ from sglang_kimi.options import (
     ADAPTIVE_FLAG,
     ADAPTIVE_PROFILE_FLAG,
     MAX_TREE_BUDGET,
+    STATIC_TREE_BACKENDS,
     TREE_BUDGET_FLAG,
     TREE_MASK_BACKENDS,
     PluginArgs,
@@ -23,7 +24,8 @@ def _add_plugin_flags(result, parser):
         metavar="N",
         help="DFLASH draft trees (DDTree): verify the N most likely draft prefixes of each DFlash block as one tree "
         f"instead of a chain (1..{MAX_TREE_BUDGET}; the verify window is N + 1 tokens). Needs an attention backend "
-        f"that applies tree masks: {', '.join(TREE_MASK_BACKENDS)}.",
+        f"that applies tree masks: {', '.join(STATIC_TREE_BACKENDS)} ({', '.join(TREE_MASK_BACKENDS)} with "
+        f"{ADAPTIVE_FLAG}).",
     )
     group.add_argument(
         ADAPTIVE_FLAG,

@@ -17,9 +17,12 @@ ADAPTIVE_CONFIG_FLAG = "--speculative-kimi-adaptive-config"
 ADAPTIVE_PROFILE_FLAG = "--speculative-kimi-adaptive-profile"
 # A verify window of budget + 1 <= 64 nodes: one 64-bit ancestor-mask word per node (kernels/tree_mla_attention).
 MAX_TREE_BUDGET = 63
-# Attention backends that apply an arbitrary tree mask to MLA verify (TARGET_VERIFY with a FULL_MASK custom mask).
-# FlashInfer-MLA, trtllm-mla, FlashMLA, cutedsl-mla and fa3 verify chains only with Kimi's MLA.
+# Attention backends that apply a tree mask to MLA verify (TARGET_VERIFY with a FULL_MASK custom mask) at any verify
+# width, and those that serve a static tree's fixed width too (fa3: SGLang's EAGLE-tree path on Hopper). FlashInfer-
+# MLA, trtllm-mla, FlashMLA, cutedsl-mla and AITER verify chains only with Kimi's MLA
+# (speculative/workers/tree_attention.py).
 TREE_MASK_BACKENDS = ("triton", "kimi_cpu")
+STATIC_TREE_BACKENDS = (*TREE_MASK_BACKENDS, "fa3")
 # Attention backends that serve speculative decoding (TARGET_VERIFY, draft extend, EAGLE multi-step draft, DFLASH's
 # non-causal draft block) on --device cpu: the plugin's kimi_cpu, and triton under TRITON_INTERPRET=1. SGLang's
 # torch_native has no TARGET_VERIFY (the first verify fails in _run_sdpa_forward_extend) and intel_amx needs the

@@ -80,8 +80,8 @@ def tree_from_ranked(
     ranked_lp = torch.where(finite, ranked_lp, float("-inf"))
     nonfinite = ~finite
     if not tree:
-        drafted = build_chain(root, ranked_ids[:, :, 0])
-    elif use_kernel:
+        return (*chain_window(root, ranked_ids[:, :width, 0], prefix_lens, width + 1), nonfinite)
+    if use_kernel:
         from ..kernels.ddtree_build import ddtree_build
 
         drafted = ddtree_build(root, ranked_lp, ranked_ids, width)
@@ -89,6 +89,15 @@ def tree_from_ranked(
         drafted = build_ddtree_ranked(root, ranked_lp, ranked_ids, width)
     drafted = pad_tree(drafted, width + 1)
     return drafted, drafted.positions(prefix_lens), drafted.ancestor_mask(), nonfinite
+
+
+def chain_window(
+    root: torch.Tensor, drafts: torch.Tensor, prefix_lens: torch.Tensor, window: int
+) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
+    """The chain root [B] -> drafts [B, D] padded to a verify window of N = ``window`` >= D + 1 slots: (tree,
+    positions [B, N], ancestor mask [B, N, N] bool)."""
+    drafted = pad_tree(build_chain(root, drafts), window)
+    return drafted, drafted.positions(prefix_lens), drafted.ancestor_mask()
 
 
 def verify_side(

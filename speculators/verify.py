@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .trees import NO_NODE, PAD_TOKEN_ID, DraftTree
+from .trees import NO_NODE, PAD_TOKEN_ID, SURVIVOR_SLACK, DraftTree, topk_lowest_index_ties
 
 TOP_K_ALL = 0  # top_k <= TOP_K_ALL disables top-k filtering (SGLang spells it -1 / 1 << 30)
 
@@ -105,6 +105,9 @@ def process_logits(
     top_k: int | torch.Tensor = TOP_K_ALL,
     top_p: float | torch.Tensor = 1.0,
     min_p: float | torch.Tensor = 0.0,
+    *,
+    filtered: bool = True,
+    max_top_k: int | None = None,
 ) -> torch.Tensor:
     """Target probabilities [..., V] (float32) as SGLang's non-speculative sampler would draw from them.
 
@@ -117,18 +120,32 @@ def process_logits(
     (as the torch sampler does); the kept mass is renormalised. top_k <= 0 disables top-k.
 
     Example: p = [.5, .3, .2], top_k=2, top_p=.6: masses before = [0, .5, .8]: keep tokens 0, 1 -> [.625, .375, 0].
+
+    The order is needed only as far as a row may keep tokens. What the caller knows on the host skips the rest of
+    the full sort of the vocabulary: ``filtered=False``, no row has a top-k, top-p or min-p (the softmax is the
+    target, no order at all); ``max_top_k``, every row keeps at most that many tokens (each has a top-k of at most
+    it), so the order over the best ``max_top_k`` of each row (:func:`~.trees.topk_lowest_index_ties`, ties lower id
+    first as in the full sort) decides everything, and the masses before them are those of the full order.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     batch_shape = logits.shape[:-1]
     temperature = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device).expand(batch_shape)
-    top_k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).expand(batch_shape)
-    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
     greedy = temperature <= 0  # [...]
     probs = torch.softmax(logits / torch.where(greedy, 1.0, temperature)[..., None], dim=-1)  # [..., V]
-    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
+    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).float()
+    if not filtered:
+        return torch.where(greedy[..., None], one_hot, probs)
+    top_k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).expand(batch_shape)
+    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
+    width = vocab
+    if max_top_k is not None and 0 < max_top_k and 2 * max_top_k + SURVIVOR_SLACK < vocab:
+        width = max_top_k
+        sorted_probs, sorted_ids = topk_lowest_index_ties(probs, width)  # [..., K]
+    else:
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)  # [..., V]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    rank = torch.arange(vocab, device=logits.device)
+    rank = torch.arange(width, device=logits.device)
     min_p = torch.as_tensor(min_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
     # top_p >= 1 filters nothing (the sampler skips the filter; cumsum rounding must not drop the tail)
     keep = (rank < torch.where(top_k <= TOP_K_ALL, vocab, top_k)[..., None]) & (
@@ -138,7 +155,6 @@ def process_logits(
     kept = sorted_probs * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)
     probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, kept)
-    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).float()
     return torch.where(greedy[..., None], one_hot, probs)
 
 

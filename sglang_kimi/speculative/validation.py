@@ -25,6 +25,7 @@ from sglang_kimi.options import (
     CPU_SPECULATIVE_BACKENDS,
     DEBUG_GREEDY_VERIFY_ENV,
     MAX_TREE_BUDGET,
+    STATIC_TREE_BACKENDS,
     TREE_BUDGET_FLAG,
     TREE_MASK_BACKENDS,
     SpeculativeConfigError,
@@ -79,7 +80,7 @@ def _check_adaptive(cfg, algorithm: str | None, args):
             f"SGLang's --speculative-adaptive does not drive DFLASH (it tunes EAGLE steps); with {ADAPTIVE_FLAG} "
             "the plugin chooses the widths: drop --speculative-adaptive"
         )
-    _check_tree_verify(cfg, ADAPTIVE_FLAG, "drop the flag")
+    _check_tree_verify(cfg, ADAPTIVE_FLAG, "drop the flag", TREE_MASK_BACKENDS)
     mode = "chain" if args.dflash_tree_budget is None else "tree"
     return _check_step_costs(cfg, load_adaptive_config(args.adaptive_config), mode)
 
@@ -306,11 +307,12 @@ def _backends(cfg) -> list[tuple[str, str | None]]:
     ]
 
 
-def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
+def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]) -> None:
     """What the plugin's DFLASH tree worker needs, for draft trees and for adaptive widths (every width is verified
-    as a tree): tree masks in the attention backends, page size 1, SGLang's KVLocPlan, the drafter's full KV cache
-    (not SGLang's compact sliding window) and no DP attention. The worker checks the last two again, after the
-    weights load; here they are refused before."""
+    as a tree): tree masks in the attention backends (``backends``: those of a static tree, or of a width that
+    changes each step), page size 1, SGLang's KVLocPlan, the drafter's full KV cache (not SGLang's compact sliding
+    window) and no DP attention. The worker checks the backend SGLang chose, the last two again, after the weights
+    load (``workers/tree_attention.py``); here they are refused before."""
     window = getattr(cfg, "speculative_draft_window_size", None)  # SGLang 0.5.22+
     if window is not None:
         raise SpeculativeConfigError(
@@ -324,11 +326,16 @@ def _check_tree_verify(cfg, flag_name: str, drop: str) -> None:
             f"path): drop --enable-dp-attention (EAGLE3 trees serve it), or {drop}"
         )
     for flag, backend in _backends(cfg):
-        if backend is not None and backend not in TREE_MASK_BACKENDS:
+        if backend is not None and backend not in backends:
+            why = (
+                "FlashAttention 3 keeps one verify width, and adaptive widths change it each step"
+                if backend in STATIC_TREE_BACKENDS
+                else f"{backend} verifies MLA chains only (a causal window, no tree mask)"
+            )
             raise SpeculativeConfigError(
                 f"{flag_name} verifies DFLASH drafts as trees, which needs an attention backend that applies tree "
-                f"masks to MLA verify, but {flag} is {backend}: use --attention-backend "
-                f"{' or '.join(TREE_MASK_BACKENDS)}"
+                f"masks to MLA verify, but {flag} is {backend}: {why}. Use --attention-backend "
+                f"{' or '.join(backends)}"
             )
     if cfg.page_size not in (None, 1):
         raise SpeculativeConfigError(
@@ -538,7 +545,7 @@ def _resolve_speculative(original, server_args):
         _check_accept_thresholds(cfg, algorithm, args)
     if args.dflash_tree_budget is not None:
         _check_tree_budget(args.dflash_tree_budget, algorithm)
-        _check_tree_verify(cfg, TREE_BUDGET_FLAG, "drop the flag for DFLASH chains")
+        _check_tree_verify(cfg, TREE_BUDGET_FLAG, "drop the flag for DFLASH chains", STATIC_TREE_BACKENDS)
     adaptive = None
     if args.adaptive or args.adaptive_config or args.adaptive_profile:
         adaptive = _check_adaptive(cfg, algorithm, args)

@@ -101,6 +101,8 @@ def test_greedy_output_is_unchanged_while_the_width_switches(adaptive_server, pr
     print(json.dumps(state)[:2000])
     ran = {int(w): n for w, n in state["steps_by_width"].items() if n}
     assert len(ran) >= 3 and 0 in ran, f"the forced policy ran too few widths: {ran}"
+    if state["mode"] == "DFLASH chain":  # the block's full chain: SGLang's own chain step
+        assert max(state["widths"]) in ran, f"the block-wide chain never ran: {ran}"
     switches = sum(b["switches"] for b in state["buckets"].values())
     assert switches >= 2
     log = adaptive_server.log_path.read_text()

@@ -4,6 +4,9 @@ runs in."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from support.repo_scripts import load_script
 
@@ -60,6 +63,7 @@ def test_a_trace_s_steps_are_split_by_phase_outside_the_target_forward():
         "other": 1,
     }
     assert result["operators_per_step"] == 6
+    assert result["operators_outside_forwards"] == 5  # the drafter forward's range (SGLang's step[DRAFT]) left out
     assert result["syncs_per_phase"] == {"verify_accept": 1} and result["syncs_per_step"] == 1
     function = "sglang_kimi/speculative/workers/dflash_tree.py(185): _tree_decode_step"
     assert result["sync_sites"] == {f"verify_accept: aten::_local_scalar_dense in {function}": 1}
@@ -106,3 +110,24 @@ def test_ratios_compare_each_tree_with_the_chain_at_its_parallelism_and_leave_un
     tp2 = ratios["dflash-tree-8-tp2"][1]
     assert tp2["operators"] == 1.2 and tp2["host_ms_per_step"] is None and tp2["operators_sampled"] is None
     assert bench.budget_of("dflash-tree-16-tp2") == 16 and bench.chain_of("dflash-tree-16-tp2") == "dflash-chain-tp2"
+    assert bench.budget_of("adaptive@chain-tp2") is None and bench.chain_of("adaptive@chain-tp2") == "dflash-chain-tp2"
+
+
+def test_adaptive_held_at_the_full_chain_is_held_to_the_chains_cost():
+    results = {
+        "ratios": {"adaptive@chain": {1: {"operators": 1.02, "host_ms_per_step": 1.08}}},
+        "rows": {"adaptive@chain": {1: {"profile": {"syncs_per_phase": {}}}}},
+    }
+    assert bench.targets(results) == [
+        "adaptive@chain c=1: operators 1.02x the chain's (target <= 1.05x): met",
+        "adaptive@chain c=1: host_ms_per_step 1.08x the chain's (target <= 1.05x): MISSED",
+    ]
+
+
+def test_adaptive_at_the_full_chain_has_that_width_only(tmp_path):
+    configs = bench.configurations([8], [8], tmp_path)
+    assert list(configs) == ["dflash-chain", "dflash-tree-8", "adaptive@chain", "dflash-chain-tp2",
+                             "adaptive@chain-tp2", "dflash-tree-8-tp2"]  # fmt: skip
+    args = configs["adaptive@chain"]
+    settings = json.loads(Path(args[args.index("--speculative-kimi-adaptive-config") + 1]).read_text())
+    assert settings == {"widths": [7]}  # the tiny drafter's block of 8: its full chain

@@ -32,13 +32,13 @@ def block_inputs(gen, bs):
     return hidden, input_ids, seq_lens
 
 
-@pytest.mark.parametrize("tree,width", [(True, 4), (True, 9), (True, 16), (False, 3), (False, 7)])
-def test_the_tail_writes_the_eager_draft_side_of_the_real_requests(tree, width):
+@pytest.mark.parametrize("width", [4, 9, 16])
+def test_the_tail_writes_the_eager_draft_side_of_the_real_requests(width):
     gen = torch.Generator().manual_seed(width)
     lm_head = torch.randn(VOCAB, HIDDEN, generator=gen)  # [V, H]
     # bf16-like ties in the logits: the ranking's lowest-index rule must hold in the tail too
     lm_head = (lm_head * 4).round() / 4
-    tail = DraftTail(lm_head, block=BLOCK, width=width, tree=tree, use_kernel=False, max_bs=8)
+    tail = DraftTail(lm_head, block=BLOCK, width=width, use_kernel=False, max_bs=8)
     real = 3
     hidden, input_ids, seq_lens = block_inputs(gen, 4)  # a graph of 4 requests replaying 3 (padding row 4)
     captured_call(tail, hidden, input_ids, seq_lens)
@@ -46,7 +46,7 @@ def test_the_tail_writes_the_eager_draft_side_of_the_real_requests(tree, width):
 
     root = input_ids.view(4, BLOCK)[:real, 0]
     want_tree, want_pos, want_anc, want_nf = draft_side(
-        hidden.view(4, BLOCK, HIDDEN)[:real, 1:], lm_head, root, seq_lens[:real], width=width, tree=tree
+        hidden.view(4, BLOCK, HIDDEN)[:real, 1:], lm_head, root, seq_lens[:real], width=width, tree=True
     )
     for field in ("tokens", "parents", "depths", "num_nodes"):
         assert torch.equal(getattr(got_tree, field), getattr(want_tree, field)), field
@@ -59,7 +59,7 @@ def test_the_tail_writes_the_eager_draft_side_of_the_real_requests(tree, width):
 def test_a_step_reads_buffers_the_next_replay_overwrites_in_place():
     gen = torch.Generator().manual_seed(0)
     lm_head = torch.randn(VOCAB, HIDDEN, generator=gen)
-    tail = DraftTail(lm_head, block=BLOCK, width=6, tree=True, use_kernel=False, max_bs=4)
+    tail = DraftTail(lm_head, block=BLOCK, width=6, use_kernel=False, max_bs=4)
     captured_call(tail, *block_inputs(gen, 2))
     first = tail.result(2)
     kept = first[0].tokens.clone()
@@ -74,7 +74,7 @@ def test_a_step_reads_buffers_the_next_replay_overwrites_in_place():
 
 def test_a_capture_not_at_the_blocks_width_is_refused():
     lm_head = torch.randn(VOCAB, HIDDEN)
-    tail = DraftTail(lm_head, block=BLOCK, width=4, tree=True, use_kernel=False, max_bs=4)
+    tail = DraftTail(lm_head, block=BLOCK, width=4, use_kernel=False, max_bs=4)
     hidden = torch.randn(3 * (BLOCK + 1), HIDDEN)  # captured at the verify window (9), not the block (8)
     with pytest.raises(RuntimeError, match="27 tokens, 8 a request: not whole blocks of 8"):
         captured_call(tail, hidden, torch.zeros(hidden.shape[0], dtype=torch.long), torch.zeros(3, dtype=torch.long))
@@ -90,14 +90,14 @@ def test_a_capture_not_at_the_blocks_width_is_refused():
     with pytest.raises(RuntimeError, match="never captured"):
         tail.result(1)
     with pytest.raises(ValueError, match="width >= 1"):
-        DraftTail(lm_head, block=BLOCK, width=0, tree=True, use_kernel=False, max_bs=4)
+        DraftTail(lm_head, block=BLOCK, width=0, use_kernel=False, max_bs=4)
 
 
 def test_the_check_counts_a_replayed_draft_that_differs(monkeypatch, caplog):
     monkeypatch.setattr(drafter_graph, "_checked", {"steps": 0, "differed": 0})
     gen = torch.Generator().manual_seed(1)
     lm_head = torch.randn(VOCAB, HIDDEN, generator=gen)
-    tail = DraftTail(lm_head, block=BLOCK, width=5, tree=True, use_kernel=False, max_bs=2)
+    tail = DraftTail(lm_head, block=BLOCK, width=5, use_kernel=False, max_bs=2)
     hidden, input_ids, seq_lens = block_inputs(gen, 2)
     captured_call(tail, hidden, input_ids, seq_lens)
     eager = tail.draft(hidden.view(2, BLOCK, HIDDEN), input_ids.view(2, BLOCK)[:, 0], seq_lens)

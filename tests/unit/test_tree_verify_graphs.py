@@ -153,3 +153,95 @@ else:
         with pytest.raises(RuntimeError, match="SGLANG_KIMI_DRAFT_GRAPHS=0 to run the drafter eager") as failed:
             worker.init_cuda_graphs()
         assert "tensor a (224)" in str(failed.value) and spec.speculative_num_draft_tokens == 9
+
+    def chain_worker(monkeypatch, block: int = 8, **attributes):
+        """A tree worker serving adaptive chains (no tree budget) of the block's width, its SGLang parts stand-ins."""
+        from sglang.srt.runtime_context import _ConfigBag
+
+        from sglang_kimi.speculative.workers import drafter_graph
+        from sglang_kimi.speculative.workers.dflash_tree import DFlashTreeWorker
+
+        spec = _ConfigBag("spec")
+        spec._set("speculative_num_draft_tokens", block)
+        monkeypatch.setattr(drafter_graph, "get_spec", lambda: spec)
+        worker = object.__new__(DFlashTreeWorker)
+        vars(worker).update(
+            _adaptive_pending=False, _tail=None, block_size=block, max_width=block - 1, tree_budget=None,
+            draft_model_runner=NS(capture_tail_hooks=[]), _draft_sampler=None, adaptive=None, device="cpu",
+        )  # fmt: skip
+        vars(worker).update(attributes)
+        return worker
+
+    def test_adaptive_chains_capture_sglangs_chain_drafter_and_causal_verify(monkeypatch, policy_hooked):
+        """Adaptive chains: the drafter graphs fold in SGLang's own chain argmax (its draft sampler), the plugin adds
+        no tail, and the target's causal chain-verify graphs are SGLang's chain's, not refused; a tree server builds
+        no sampler."""
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        from sglang_kimi.speculative.workers.dflash_tree import DFlashTreeWorker
+
+        sampler = NS(out=torch.zeros(4, dtype=torch.int64))
+        monkeypatch.setattr(DFlashWorkerV2, "_maybe_build_draft_sampler", lambda self: sampler)
+        built = []
+        monkeypatch.setattr(
+            DFlashWorkerV2, "init_cuda_graphs", lambda self: built.append(self._maybe_build_draft_sampler())
+        )
+        target = NS(model_runner=NS(decode_cuda_graph_runner=object(), attn_backend=triton_backend()))
+        monkeypatch.setattr(DFlashTreeWorker, "target_worker", property(lambda self: target), raising=False)
+        worker = chain_worker(monkeypatch)
+        worker.init_cuda_graphs()  # causal target graphs: not refused for chains
+        assert built == [sampler] and worker._tail is None and worker.draft_model_runner.capture_tail_hooks == []
+        vars(worker)["tree_budget"] = 7
+        assert worker._maybe_build_draft_sampler() is None
+
+    def test_the_blocks_full_chain_is_sglangs_chain_step_and_narrower_chains_the_plugins(monkeypatch):
+        """The width the policy picks decides the step: the block's full chain (7 drafts of a block of 8) runs
+        SGLang's DFLASH chain step and the policy sees its accepted counts; narrower widths run the plugin's step."""
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        from sglang_kimi.speculative.workers.dflash_tree import DFlashTreeWorker
+
+        class Policy:
+            def __init__(self, widths):
+                self.widths, self.finished = list(widths), []
+
+            def choose(self, bs):
+                return self.widths.pop(0)
+
+            def start(self):
+                return "started"
+
+            def finish(self, started, bs, width, accepted, paths):
+                self.finished.append((started, bs, width, accepted.tolist(), paths))
+
+        chain = NS(accept_lens=torch.tensor([3, 1, 8], dtype=torch.int32))  # accepted + 1
+        monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", lambda self, batch, *args: chain)
+        monkeypatch.setattr(DFlashTreeWorker, "_tree_decode_step", lambda self, batch, width, *args: ("plugin", width))
+        policy = Policy([7, 3, 0, 7])
+        worker = chain_worker(monkeypatch, adaptive=policy)
+        decode = NS(is_extend=lambda: False, is_idle=lambda: False, is_decode=lambda: True)
+        batch = NS(
+            forward_mode=decode, is_extend_in_batch=False, spec_info=object.__new__(DFlashDraftInputV2),
+            seq_lens=torch.tensor([5, 9, 4]), reqs=[], sampling_info=None,
+        )  # fmt: skip
+        assert worker.forward_batch_generation(batch) is chain
+        assert worker.forward_batch_generation(batch) == ("plugin", 3)
+        assert worker.forward_batch_generation(batch) == ("plugin", 0)
+        assert worker.forward_batch_generation(batch) is chain
+        assert policy.finished == [("started", 3, 7, [2, 0, 7], None)] * 2  # the plugin's step records its own
+
+    def test_a_narrower_chain_takes_the_first_drafts_of_sglangs_in_graph_argmax(monkeypatch):
+        """A replayed drafter graph of adaptive chains leaves SGLang's argmax drafts of the whole block in its
+        sampler's buffer (padding rows after the batch's): a chain of width w is the root and the first w of them."""
+        block, bs, width = 8, 2, 3
+        out = torch.arange(100, 100 + 4 * (block - 1))  # a graph of 4 requests: [4 * (B-1)]
+        worker = chain_worker(monkeypatch, _draft_sampler=NS(out=out))
+        monkeypatch.setattr(type(worker), "_draft_block", lambda self, *args: (torch.randn(bs, block, 4), True))
+        root, prefix = torch.tensor([11, 12]), torch.tensor([5, 9])
+        tree, positions, ancestor = worker._draft_tree(None, root, prefix, prefix, None, width)
+        drafts = out[: bs * (block - 1)].view(bs, block - 1)[:, :width]
+        assert torch.equal(tree.tokens, torch.cat([root[:, None], drafts], dim=1))
+        assert torch.equal(tree.parents, torch.tensor([[-1, 0, 1, 2]] * bs))
+        assert torch.equal(positions, prefix[:, None] + torch.arange(width + 1))
+        assert torch.equal(ancestor, torch.ones(width + 1, width + 1, dtype=torch.bool).tril().expand(bs, -1, -1))

@@ -4,7 +4,12 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.speculative.workers.tree_verify_inputs import SGLANG_TOP_K_ALL, verify_probs, write_tree_mask
+from sglang_kimi.speculative.workers.tree_verify_inputs import (
+    SGLANG_TOP_K_ALL,
+    requests_max_top_k,
+    verify_probs,
+    write_tree_mask,
+)
 from sglang_kimi.speculators.trees import DraftTree
 from sglang_kimi.speculators.verify import process_logits
 
@@ -82,3 +87,29 @@ def test_every_tp_rank_commits_rank_0s_sampled_verify(monkeypatch):
 
     monkeypatch.setattr(sampled_verify, "_verify_group", OneRank)
     assert sampled_verify.sampled_result_from_rank0(rank1) is rank1
+
+
+def test_the_requests_top_k_bounds_the_selection_only_when_every_request_has_one():
+    def reqs(*top_ks):
+        return [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k)) for k in top_ks]
+
+    assert requests_max_top_k(reqs(5, 1, 40)) == 40  # greedy requests are SGLang's top_k 1
+    assert requests_max_top_k(reqs(5, SGLANG_TOP_K_ALL)) is None  # one request samples the whole vocabulary
+    assert requests_max_top_k(reqs(5, -1)) is None and requests_max_top_k([]) is None
+
+    gen = torch.Generator().manual_seed(1)
+    bs, n, vocab = 2, 3, 600
+    logits = torch.randn(bs * n, vocab, generator=gen) * 3
+    info = SimpleNamespace(
+        temperatures=torch.tensor([[0.8], [1.2]]), top_ks=torch.tensor([7, 20], dtype=torch.int32),
+        top_ps=torch.tensor([0.9, 1.0]), min_ps=torch.zeros(2), need_min_p_sampling=False,
+        need_top_k_sampling=True, need_top_p_sampling=True,
+    )  # fmt: skip
+    bounded = verify_probs(logits, info, n, requests_max_top_k(reqs(7, 20)))
+    assert torch.equal(bounded > 0, verify_probs(logits, info, n) > 0)
+    torch.testing.assert_close(bounded, verify_probs(logits, info, n), rtol=4e-7, atol=0)
+    # no request filters (SGLang's flags): the tempered softmax itself
+    plain = SimpleNamespace(**{**vars(info), "top_ks": torch.full((2,), SGLANG_TOP_K_ALL), "top_ps": torch.ones(2),
+                               "need_top_k_sampling": False, "need_top_p_sampling": False})  # fmt: skip
+    expected = torch.softmax(logits / torch.tensor([0.8, 1.2]).repeat_interleave(n)[:, None], dim=-1)
+    torch.testing.assert_close(verify_probs(logits, plain, n), expected, rtol=1e-6, atol=0)

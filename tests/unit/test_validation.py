@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.options import STATIC_TREE_BACKENDS, TREE_MASK_BACKENDS, SpeculativeConfigError
 from sglang_kimi.platform import capabilities
 from sglang_kimi.speculative import drafter_checks, validation
 
@@ -145,9 +145,27 @@ def test_what_the_tree_worker_cannot_serve_is_refused_before_the_weights_load(fi
     """The DFLASH tree worker (draft trees and adaptive DFLASH) refused a sliding-window draft cache and DP attention
     in its constructor, after the target's weights had loaded; SGLang refuses DFLASH with DP attention on CPU itself,
     so that case is only reachable on a GPU."""
-    validation._check_tree_verify(tree_settings(), "--speculative-dflash-tree-budget", "drop the flag")
+    flag, backends = "--speculative-dflash-tree-budget", STATIC_TREE_BACKENDS
+    validation._check_tree_verify(tree_settings(), flag, "drop the flag", backends)
     with pytest.raises(SpeculativeConfigError, match=message):
-        validation._check_tree_verify(tree_settings(**fields), "--speculative-dflash-tree-budget", "drop the flag")
+        validation._check_tree_verify(tree_settings(**fields), flag, "drop the flag", backends)
+
+
+def test_fa3_serves_static_trees_and_adaptive_widths_need_a_mask_at_any_width():
+    """FlashAttention 3 verifies a tree of the width it was built with (SGLang's EAGLE-tree path); adaptive widths
+    change it each step. On --device cpu the CPU backend check refuses fa3 first, so this is a GPU server's case."""
+    fa3 = tree_settings(attention_backend="fa3")
+    validation._check_tree_verify(fa3, "--speculative-dflash-tree-budget", "drop the flag", STATIC_TREE_BACKENDS)
+    with pytest.raises(SpeculativeConfigError) as refused:
+        validation._check_tree_verify(fa3, "--speculative-kimi-adaptive", "drop the flag", TREE_MASK_BACKENDS)
+    message = str(refused.value)
+    assert "--attention-backend is fa3: FlashAttention 3 keeps one verify width" in message
+    assert message.endswith("Use --attention-backend triton or kimi_cpu")
+    with pytest.raises(SpeculativeConfigError, match="flashmla verifies MLA chains only") as refused:
+        validation._check_tree_verify(
+            tree_settings(attention_backend="flashmla"), "--speculative-dflash-tree-budget", "x", STATIC_TREE_BACKENDS
+        )
+    assert str(refused.value).endswith("Use --attention-backend triton or kimi_cpu or fa3")
 
 
 def _drafter_settings(path, load_format=None):

@@ -3,6 +3,7 @@ distribution tests of sampled verification are ``tests/statistical/test_verify_l
 
 from __future__ import annotations
 
+import pytest
 import torch
 from support.spec_helpers import random_tree, sglang_speculative, single_thread  # noqa: F401
 
@@ -117,6 +118,33 @@ def test_process_logits_cases() -> None:
     greedy = process_logits(torch.tensor([[1.0, 3.0, 3.0], [0.0, 0.0, 2.0]]), torch.tensor([0.0, 1.0]))
     assert greedy[0].tolist() == [0.0, 1.0, 0.0]  # temperature 0: one-hot at the first argmax
     torch.testing.assert_close(greedy[1], torch.softmax(torch.tensor([0.0, 0.0, 2.0]), dim=0))
+
+
+@pytest.mark.parametrize("vocab", [300, 4096])
+def test_the_partial_selection_gives_the_full_sorts_distribution(vocab: int) -> None:
+    """Every row with a top-k of at most ``max_top_k``: the best ``max_top_k`` of each row (a top-k, no sort of the
+    vocabulary) give what the full stable sort gives, top-p and min-p included, ties at the cut broken the same way
+    (lower id kept: bf16-like logits on a coarse grid tie often). Without filters the softmax is returned unsorted."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 96
+    logits = (torch.randn((rows, vocab), generator=gen) * 8).round() / 4  # many ties
+    temperature = torch.rand(rows, generator=gen) + 0.3
+    temperature[::7] = 0.0  # greedy rows
+    top_k = torch.randint(1, 40, (rows,), generator=gen)
+    top_p = torch.rand(rows, generator=gen) * 0.9 + 0.1
+    top_p[::3] = 1.0
+    min_p = torch.rand(rows, generator=gen) * 0.3
+    min_p[::2] = 0.0
+    full = process_logits(logits, temperature, top_k, top_p, min_p)
+    for bound in (int(top_k.max()), int(top_k.max()) + 5):
+        partial = process_logits(logits, temperature, top_k, top_p, min_p, max_top_k=bound)
+        assert torch.equal(partial > 0, full > 0)
+        # the same kept values, renormalised by a float32 sum over K values instead of V (zeros included): an ulp
+        torch.testing.assert_close(partial, full, rtol=4e-7, atol=0)
+    unfiltered = process_logits(logits, temperature, filtered=False)
+    # the full path divides by the float32 sum of V probabilities, which misses 1 by a few 1e-6 at V = 4096
+    torch.testing.assert_close(unfiltered, process_logits(logits, temperature), rtol=1e-5, atol=0)
+    assert torch.equal(unfiltered[::7], process_logits(logits[::7], 0.0))  # greedy rows stay one-hot
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -22,12 +22,14 @@ With CUDA graphs the verify of the full window replays SGLang's target graph, ca
 (``tree_verify_graphs.py``), and the drafter replays its own graphs, captured at the block's width with the ranking
 and the tree build as their captured tail (``drafter_graph.py``); narrower windows and larger batches run eager.
 
-With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too (a chain is a path tree of the
-block's argmax drafts) and each step runs the width ``w`` the policy chose for its batch
-(``speculative/adaptive/runtime.py``):
-w drafts of a chain or a tree of w nodes, a verify window of w + 1 tokens (the verify forward really shrinks; SGLang
-keeps reserving the widest window, so nothing is freed or re-planned), or with w = 0 no draft at all (a one-token
-verify: a plain decode step that still feeds the drafter's context).
+With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too, and each step runs the width ``w``
+the policy chose for its batch (``speculative/adaptive/runtime.py``): w drafts of a chain or a tree of w nodes, a
+verify window of w + 1 tokens (the verify forward really shrinks; SGLang keeps reserving the widest window, so
+nothing is freed or re-planned), or with w = 0 no draft at all (a one-token verify: a plain decode step that still
+feeds the drafter's context). A chain of the block's full width is SGLang's own DFLASH chain step
+(:meth:`DFlashTreeWorker._chain_step`: its drafter graph with the in-graph argmax, its causal verify graph), so
+adaptive chains never cost more than SGLang's chain where the policy settles on it; a narrower chain is the path
+tree of the block's first w argmax drafts.
 """
 
 from __future__ import annotations
@@ -75,15 +77,23 @@ from sglang_kimi.speculative.workers.drafter_graph import (
 )
 from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
 from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
+from sglang_kimi.speculative.workers.tree_attention import prepare_tree_verify
 from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify
 from sglang_kimi.speculative.workers.tree_verify_inputs import (
+    requests_max_top_k,
     tree_mask_capacity,
     verify_coins,
     verify_probs,
     write_tree_mask,
 )
 from sglang_kimi.speculators.ddtree import merge_shard_candidates, shard_candidates
-from sglang_kimi.speculators.tree_step import CommitLayout, commit_layout, rank_draft_hidden, tree_from_ranked
+from sglang_kimi.speculators.tree_step import (
+    CommitLayout,
+    chain_window,
+    commit_layout,
+    rank_draft_hidden,
+    tree_from_ranked,
+)
 from sglang_kimi.speculators.trees import DraftTree, build_chain
 from sglang_kimi.speculators.verify import VerifyResult, verify_tree
 from sglang_kimi.speculators.window import gather_rows
@@ -178,27 +188,38 @@ class DFlashTreeWorker(DFlashWorkerV2):
             self.block_size,
             self.num_verify_tokens,
         )
+        self._mode = mode
         self.adaptive = None
         self._mask_buffer: torch.Tensor | None = None  # the tree mask's buffer when the target backend has none
         self._tail: DraftTail | None = None  # the drafter graphs' captured draft side (TP 1, graphs captured)
         self._trace_file = trace_file()  # recording the accepted paths (acceptance_trace.py)
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
-        mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
+        if self.tree_budget is not None:
+            mark_tree_verify()  # the target's verify graphs, captured after this, take the tree mask
+        # else SGLang's chain verify graphs, causal, for the block-wide chain step that is SGLang's own
 
     def init_attention_backends(self):
         """SGLang's DFLASH set-up, at the block's width: the drafter's attention metadata sized for the block it
-        runs, not for the verify window ``speculative_num_draft_tokens`` holds on a tree server."""
+        runs, not for the verify window ``speculative_num_draft_tokens`` holds on a tree server. Then the target's
+        verify attention is checked (``tree_attention.py``)."""
         with block_width(self.block_size):
             super().init_attention_backends()
+        # the backend SGLang chose for the target's verify (built by now) must apply the tree mask at the widths
+        # this server verifies (fa3: its tree path, switched on before the target's graphs are captured)
+        any_width = self.tree_budget is None or self._adaptive_pending
+        verify_attention = prepare_tree_verify(self.target_worker.model_runner, self._mode, any_width)
+        logger.info("%s: the target's verify attention is %s", self._mode, verify_attention)
 
     def init_cuda_graphs(self):
         """SGLang's DFLASH set-up, with the drafter's graphs captured at the block's width (as SGLang captures a
-        chain's drafter whose block is this block) and the draft side as their captured tail, where the ranking
-        needs no collective (TP 1). The target's verify graphs must carry the tree mask."""
+        chain's drafter whose block is this block). Trees: the draft side is their captured tail, where the ranking
+        needs no collective (TP 1), and the target's verify graphs must carry the tree mask. Adaptive chains: the
+        tail is SGLang's own in-graph argmax (``_maybe_build_draft_sampler``) and the target's graphs its causal
+        chain verify, both SGLang's chain's."""
         if not draft_graphs():
             self._eager_drafter()
         else:
-            tail = self._new_draft_tail()
+            tail = self._new_draft_tail() if self.tree_budget is not None else None
             if tail is not None:  # kept, as SGLang keeps its chain's: a later re-capture folds it in again
                 self.draft_model_runner.capture_tail_hooks.append(tail)
             try:
@@ -218,7 +239,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
                 sorted(self._tail.captured_bs),
                 self._tail.width,
             )
-        check_target_graphs(self.target_worker.model_runner)
+        if self.tree_budget is not None:
+            check_target_graphs(self.target_worker.model_runner)
         self._start_adaptive()
 
     def _eager_drafter(self):
@@ -247,13 +269,17 @@ class DFlashTreeWorker(DFlashWorkerV2):
             lm_head.weight[:vocab],
             block=self.block_size,
             width=self.max_width,
-            tree=self.tree_budget is not None,
             use_kernel=self._use_triton_ddtree,
             max_bs=max(int(runner.req_to_token_pool.size), int(getattr(target_graphs, "max_bs", 0) or 0)),
         )
 
     def _maybe_build_draft_sampler(self):
-        return None  # SGLang's in-graph argmax of the chain's drafts: the tree ranks each position's top K instead
+        """Adaptive chains: SGLang's in-graph argmax of the block's drafts, as its chain server captures it (the
+        block-wide step is SGLang's chain step; a narrower chain takes the first drafts). Trees rank each
+        position's top K instead."""
+        if self.tree_budget is None:
+            return super()._maybe_build_draft_sampler()
+        return None
 
     def _start_adaptive(self):
         if self._adaptive_pending:
@@ -269,14 +295,35 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
+        width = self._step_width(len(batch.seq_lens))
+        if self.tree_budget is None and width == self.block_size - 1:
+            return self._chain_step(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         with verify_penalties(batch), exact_step(), step_phases() as phases:
-            return self._tree_decode_step(batch, on_publish, grammar_barrier, phases)
+            return self._tree_decode_step(batch, width, on_publish, grammar_barrier, phases)
 
-    def _tree_decode_step(self, batch, on_publish, grammar_barrier, phases: StepPhases) -> GenerationBatchResult:
+    def _step_width(self, bs: int) -> int:
+        """The step's width: the adaptive policy's for this batch, else the widest."""
+        self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
+        return self.adaptive.choose(bs) if self.adaptive is not None else self.max_width
+
+    def _chain_step(self, batch, on_publish, grammar_barrier, pp_proxy_tensors) -> GenerationBatchResult:
+        """Adaptive chains at the block's width: SGLang's own DFLASH chain step (its drafter graph with the in-graph
+        argmax, its causal verify graph, its accept), so a server whose policy settles on the full chain costs what
+        SGLang's chain server costs. The plugin's exact-penalty and sampling registrations apply to it as to
+        SGLang's chain server."""
+        started = self.adaptive.start()
+        result = super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        num_accepted = result.accept_lens.to(torch.int64) - 1  # [bs]: commit lengths are accepted + 1
+        self.adaptive.finish(started, len(batch.seq_lens), self.block_size - 1, num_accepted, None)
+        return result
+
+    def _tree_decode_step(
+        self, batch, width: int, on_publish, grammar_barrier, phases: StepPhases
+    ) -> GenerationBatchResult:
         """One decode step, phase by phase (each a method below, named as its profiler range):
         plan -> draft (forward, rank, tree build) -> verify inputs -> target verify -> accept -> commit -> draft KV."""
         phases.enter("plan")
-        plan = self._plan_step(batch)
+        plan = self._plan_step(batch, width)
         draft = self._draft_window(batch, plan, phases)  # module docstring 1-2: drafter, ranking, tree
         phases.enter("verify_prepare")
         verify_batch, grammar_tree = self._verify_inputs(batch, plan, draft)  # 3: the window's tokens, positions, mask
@@ -305,14 +352,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
             indexer_topk_output=target_out.indexer_topk_output,
         )
 
-    def _plan_step(self, batch) -> StepPlan:
-        """The step's width (the adaptive policy's for this batch, else the widest) and its KV slots: reserved by
-        SGLang for the widest window from position prefix on; the verify writes the first w + 1 of them, the
-        drafter's scratch block the first B."""
+    def _plan_step(self, batch, width: int) -> StepPlan:
+        """The step's KV slots at its width: reserved by SGLang for the widest window from position prefix on; the
+        verify writes the first w + 1 of them, the drafter's scratch block the first B."""
         draft_input = batch.spec_info
         bs = len(batch.seq_lens)
-        self._start_adaptive()  # a release whose scheduler does not call init_cuda_graphs on the draft worker
-        width = self.adaptive.choose(bs) if self.adaptive is not None else self.max_width
         started = self.adaptive.start() if self.adaptive is not None else None
         block, window = self.block_size, width + 1
         prefix_lens = batch.seq_lens  # [bs]
@@ -425,7 +469,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         bs, window, sampling_info = plan.bs, plan.window, batch.sampling_info
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
             return verify_tree(draft.tree, target_logits=logits.view(bs, window, -1), ancestor=draft.ancestor)
-        probs = verify_probs(logits, sampling_info, window).view(bs, window, -1)  # [bs, N, V]
+        max_top_k = requests_max_top_k(batch.reqs)  # host: the selection then takes no full sort
+        probs = verify_probs(logits, sampling_info, window, max_top_k).view(bs, window, -1)  # [bs, N, V]
         coins = verify_coins(sampling_info, plan.prefix_lens, bs, window)  # per-request seeds when SGLang has them
         return sampled_result_from_rank0(
             verify_tree(draft.tree, target_probs=probs, coins=coins, ancestor=draft.ancestor)
@@ -518,6 +563,14 @@ class DFlashTreeWorker(DFlashWorkerV2):
         phases.enter("draft_forward")
         draft_hidden, replayed = self._draft_block(batch, root, prefix_lens, seq_lens_cpu, draft_plan)  # [bs, B, H]
         is_tree = self.tree_budget is not None
+        if replayed and self._draft_sampler is not None:  # adaptive chains: SGLang's in-graph argmax drafted them
+            bs, block = len(root), self.block_size
+            drafts = self._draft_sampler.out[: bs * (block - 1)].view(bs, block - 1)[:, :width]  # [bs, w]
+            draft = chain_window(root, drafts, prefix_lens, width + 1)
+            if check_replays():
+                ranked = self._ranked_draft_logprobs(draft_hidden[:, 1 : width + 1], 1)[1]  # [bs, w, 1]
+                same_draft(draft, chain_window(root, ranked[:, :, 0], prefix_lens, width + 1))
+            return draft
         if replayed and self._tail is not None and width == self._tail.width:
             draft = self._tail.result(len(root))  # the graph's tail ranked and built it
             if check_replays():

@@ -9,8 +9,10 @@ reservations), while its drafter runs the block. So:
 - :func:`block_width` builds the drafter's attention backends and graphs as SGLang builds a chain's drafter whose
   block is this block: ``speculative_num_draft_tokens`` reads the block while they are set up;
 - :class:`DraftTail` is the captured tail: the step's draft side (``speculators.tree_step.draft_side``: each draft
-  position ranked by the target's LM head, the DDTree or the chain of the server's widest width, padded to the
-  verify window) from the drafter's hidden states, into buffers allocated once for the largest captured batch.
+  position ranked by the target's LM head, the DDTree of the server's widest budget, padded to the verify window)
+  from the drafter's hidden states, into buffers allocated once for the largest captured batch. Adaptive chains
+  have no tail of their own: their drafter graphs fold in SGLang's chain argmax, whose first w drafts are the chain
+  of width w (``DFlashTreeWorker._maybe_build_draft_sampler``).
 
 A step whose drafter forward replayed a graph reads the tail's buffers; a step that ran eager (no graphs, a batch
 larger than the largest graph, an adaptive width narrower than the widest) computes the same function from the
@@ -76,7 +78,7 @@ def block_width(block: int):
 
 
 class DraftTail:
-    """The draft side as the drafter graphs' captured tail, for one (block, width, tree or chain) and batches up to
+    """The draft side as the drafter graphs' captured tail, for one (block, tree budget) and batches up to
     ``max_bs``. Called by SGLang's capture as ``tail(runner, out, forward_batch, num_tokens)``; a step reads
     :meth:`result` after a replay."""
 
@@ -86,17 +88,16 @@ class DraftTail:
         *,
         block: int,
         width: int,
-        tree: bool,
         use_kernel: bool,
         max_bs: int,
     ):
         if not 1 <= width or block < 2:
             raise ValueError(f"a draft tail needs width >= 1 and a block of >= 2 tokens (got {width}, {block})")
         self.lm_head = lm_head  # [V, H]: the target's LM head, its real vocabulary rows
-        self.block, self.width, self.tree, self.use_kernel = int(block), int(width), bool(tree), bool(use_kernel)
+        self.block, self.width, self.use_kernel = int(block), int(width), bool(use_kernel)
         n = self.width + 1
         depth = min(self.width, self.block - 1)
-        k = min(self.width if self.tree else 1, lm_head.shape[0])
+        k = min(self.width, lm_head.shape[0])
         device, long = lm_head.device, torch.int64
         self.tokens = torch.zeros((max_bs, n), dtype=long, device=device)  # [max_bs, N]
         self.parents = torch.zeros((max_bs, n), dtype=long, device=device)  # [max_bs, N]
@@ -112,7 +113,7 @@ class DraftTail:
         """The step's draft side from the drafter's block: hidden [bs, B, H], root [bs], prefix_lens [bs] ->
         (tree of N = width + 1 slots, positions [bs, N], ancestor [bs, N, N], nonfinite [bs, D, K])."""
         return draft_side(
-            hidden[:, 1:], self.lm_head, root, prefix_lens, width=self.width, tree=self.tree, use_kernel=self.use_kernel
+            hidden[:, 1:], self.lm_head, root, prefix_lens, width=self.width, tree=True, use_kernel=self.use_kernel
         )
 
     def __call__(self, runner, out, forward_batch, num_tokens: int) -> None:

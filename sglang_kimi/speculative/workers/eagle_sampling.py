@@ -31,7 +31,7 @@ from sglang_kimi.speculative.workers.sampled_verify import (
     plugin_verifies_sampling,
     thresholds_are_lossless,
 )
-from sglang_kimi.speculative.workers.tree_verify_inputs import verify_coins, verify_probs
+from sglang_kimi.speculative.workers.tree_verify_inputs import requests_max_top_k, verify_coins, verify_probs
 from sglang_kimi.speculators.trees import NO_NODE, DraftTree
 from sglang_kimi.speculators.verify import verify_tree
 
@@ -151,7 +151,8 @@ def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask, tre
     tree = tree if tree is not None else _eagle_trees(verify_input, bs)
     depth = tree.max_depth
     coins = verify_coins(sampling_info, batch.seq_lens, bs, n)
-    result = verify_tree(tree, target_probs=verify_probs(logits, sampling_info, n).view(bs, n, -1), coins=coins)
+    probs = verify_probs(logits, sampling_info, n, requests_max_top_k(batch.reqs)).view(bs, n, -1)  # [bs, N, V]
+    result = verify_tree(tree, target_probs=probs, coins=coins)
 
     predict = torch.zeros(bs * n, dtype=torch.int32, device=device)
     accept_index = torch.full((bs, depth + 1), NO_NODE, dtype=torch.int32, device=device)

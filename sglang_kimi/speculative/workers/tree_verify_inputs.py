@@ -57,12 +57,25 @@ def tree_mask_capacity(host_sum: int, batch: int, window: int, context_len: int)
     return min(from_bound, batch * window * (int(context_len) + window))
 
 
-def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -> torch.Tensor:
+def requests_max_top_k(reqs) -> int | None:
+    """The largest top-k of a batch's requests when every one has a top-k (greedy ones: 1), else None: read on the
+    host from the requests' sampling parameters."""
+    top_ks = [getattr(getattr(req, "sampling_params", None), "top_k", None) for req in reqs or ()]
+    if not top_ks or any(k is None or not 0 < k < SGLANG_TOP_K_ALL for k in top_ks):
+        return None
+    return max(top_ks)
+
+
+def verify_probs(
+    logits: torch.Tensor, sampling_info, tokens_per_request: int, max_top_k: int | None = None
+) -> torch.Tensor:
     """The target distribution at every verify row, as the non-speculative sampler would draw from it.
 
     logits [B*N, V] (after SGLang's logit adjustments: penalties, bias, grammar); ``sampling_info``:
     SGLang's ``SamplingBatchInfo`` (per-request temperatures [B, 1], top_ks, top_ps, min_ps [B]). Greedy requests
-    (SGLang encodes them as top_k = 1) get a one-hot at the argmax. Returns float32 [B*N, V].
+    (SGLang encodes them as top_k = 1) get a one-hot at the argmax. ``max_top_k``: every request's top-k is at most
+    this (:func:`requests_max_top_k`); with it, and where the sampling info says no request filters at all, the
+    vocabulary is not sorted (``process_logits``). Returns float32 [B*N, V].
     """
 
     def per_row(values: torch.Tensor) -> torch.Tensor:
@@ -71,7 +84,20 @@ def verify_probs(logits: torch.Tensor, sampling_info, tokens_per_request: int) -
     top_k = per_row(sampling_info.top_ks).long()
     top_k = torch.where(top_k >= SGLANG_TOP_K_ALL, TOP_K_ALL, top_k)
     min_p = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else 0.0
-    return process_logits(logits, per_row(sampling_info.temperatures), top_k, per_row(sampling_info.top_ps), min_p)
+    # SGLang's own flags (host, over the batch's requests), which its non-speculative sampler filters by
+    filtered = any(
+        getattr(sampling_info, flag, True)
+        for flag in ("need_top_k_sampling", "need_top_p_sampling", "need_min_p_sampling")
+    )
+    return process_logits(
+        logits,
+        per_row(sampling_info.temperatures),
+        top_k,
+        per_row(sampling_info.top_ps),
+        min_p,
+        filtered=filtered,
+        max_top_k=max_top_k,
+    )
 
 
 def verify_coins(sampling_info, offsets: torch.Tensor, batch: int, num_slots: int) -> Coins:
