@@ -118,6 +118,26 @@ def merge_shard_candidates(
     return best - torch.logsumexp(lse, dim=-1, keepdim=True), ids.gather(1, pos)
 
 
+# float32 holds every integer below 2**24 exactly: a shard's candidate ids travel in its values' tensor
+PACKED_ID_LIMIT = 1 << 24
+
+
+def pack_shard_candidates(values: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """:func:`shard_candidates`' (values [n, k], ids [n, k] < PACKED_ID_LIMIT, lse [n, 1]) as one float32 tensor
+    [n, 2k + 1] (values, ids, lse), so that the tensor-parallel ranks exchange their candidates in one all-gather."""
+    return torch.cat([values.float(), ids.to(torch.float32), lse.float()], dim=-1)
+
+
+def merge_packed_candidates(gathered: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`merge_shard_candidates` of every rank's :func:`pack_shard_candidates`, all-gathered in rank order:
+    gathered [S, n, 2k + 1] -> (ranked_lp [n, k], ranked_ids [n, k] int64)."""
+    shards, n, _ = gathered.shape
+    by_row = gathered.transpose(0, 1)  # [n, S, 2k+1]
+    values = by_row[..., :k].reshape(n, shards * k)  # shards in rank order, as merge_shard_candidates takes them
+    ids = by_row[..., k : 2 * k].reshape(n, shards * k).long()
+    return merge_shard_candidates(values, ids, by_row[..., 2 * k], k)
+
+
 def num_tree_nodes(length: int, k: int, budget: int) -> int:
     """Non-root nodes the tree gets: ``budget``, or fewer when there are fewer prefixes of depth <= min(L, budget)
     (e.g. L=2, K=2, budget=10: 2 + 4 = 6)."""

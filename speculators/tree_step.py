@@ -12,22 +12,34 @@ Every output's shape is fixed by (batch, width, block), nothing reads the device
 on data: a CUDA graph per (batch bucket, width) can hold each side, and SGLang's overlap scheduler can run the host
 a step ahead. ``tests/unit/test_tree_step.py`` proves it on CPU with ``torch.compile(fullgraph=True,
 dynamic=False)`` and ``torch.export(strict=True)`` at several batch sizes and widths. Under tensor parallelism the
-ranking is :func:`.ddtree.shard_candidates`, an all-gather and :func:`.ddtree.merge_shard_candidates`, then
-:func:`tree_from_ranked`, the rest of :func:`draft_side`.
+ranking is :func:`rank_draft_hidden_sharded` (each rank's :func:`.ddtree.shard_candidates`, packed into one
+all-gather, merged), inside :func:`draft_side` too, so the draft side with its one collective is one graph as well.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 
-from .ddtree import build_ddtree_ranked, rank_draft_logits
+from .ddtree import (
+    PACKED_ID_LIMIT,
+    build_ddtree_ranked,
+    merge_packed_candidates,
+    pack_shard_candidates,
+    rank_draft_logits,
+    shard_candidates,
+)
 from .trees import DraftTree, build_chain
 from .verify import Coins, VerifyResult, verify_tree
 from .window import pad_tree, path_first_order
 
 OUT_TOKEN_PAD = 0  # past a request's commit: SGLang reads only its first commit_len tokens; 0 keeps gathers in range
+
+
+# (packed candidates [n, C] of this rank) -> [S, n, C], every rank's in rank order: the tensor-parallel all-gather
+Gather = Callable[[torch.Tensor], torch.Tensor]
 
 
 def draft_side(
@@ -39,16 +51,23 @@ def draft_side(
     width: int,
     tree: bool,
     use_kernel: bool = False,
+    vocab_start: int = 0,
+    gather: Gather | None = None,
 ) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One request batch's draft, from the drafter's hidden states to the verify window.
 
     draft_hidden [B, D, H]: the block's draft positions 1..D (D >= 1 used: min(width, D)); lm_head [V, H]: the
-    target's LM head; root [B]: the last committed token; prefix_lens [B]: the committed lengths. ``tree``: a DDTree
-    of ``width`` nodes, else the chain of the block's argmax drafts. ``use_kernel``: the Triton DDTree build (GPU).
-    Returns (the tree padded to N = width + 1 slots, positions [B, N], ancestor mask [B, N, N] bool, nonfinite
-    [B, D', K] bool: the drafts whose log-prob was NaN or +inf, ranked last).
+    target's LM head, or under tensor parallelism this rank's shard of it (ids from ``vocab_start``) with ``gather``
+    the ranks' all-gather (:func:`rank_draft_hidden_sharded`); root [B]: the last committed token; prefix_lens [B]:
+    the committed lengths. ``tree``: a DDTree of ``width`` nodes, else the chain of the block's argmax drafts.
+    ``use_kernel``: the Triton DDTree build (GPU). Returns (the tree padded to N = width + 1 slots, positions [B, N],
+    ancestor mask [B, N, N] bool, nonfinite [B, D', K] bool: the drafts whose log-prob was NaN or +inf, ranked last).
     """
-    ranked_lp, ranked_ids = rank_draft_hidden(draft_hidden[:, :width], lm_head, width if tree else 1)
+    hidden, k = draft_hidden[:, :width], width if tree else 1
+    if gather is None:
+        ranked_lp, ranked_ids = rank_draft_hidden(hidden, lm_head, k)
+    else:
+        ranked_lp, ranked_ids = rank_draft_hidden_sharded(hidden, lm_head, k, vocab_start, gather)
     return tree_from_ranked(root, ranked_lp, ranked_ids, prefix_lens, width=width, tree=tree, use_kernel=use_kernel)
 
 
@@ -62,6 +81,23 @@ def rank_draft_hidden(draft_hidden: torch.Tensor, lm_head: torch.Tensor, k: int)
     rows = rows if rows.dtype == lm_head.dtype else rows.to(lm_head.dtype)
     logits = torch.nn.functional.linear(rows, lm_head)  # [n, V]: a fresh tensor, so the ranking may overwrite it
     ranked_lp, ranked_ids = rank_draft_logits(logits, k, overwrite=True)  # [n, k]
+    return ranked_lp.view(*lead, -1), ranked_ids.view(*lead, -1)
+
+
+def rank_draft_hidden_sharded(
+    draft_hidden: torch.Tensor, lm_head_shard: torch.Tensor, k: int, vocab_start: int, gather: Gather
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rank_draft_hidden` under tensor parallelism: this rank ranks its shard of the LM head
+    (lm_head_shard [V_shard, H], global ids ``vocab_start ..``), the ranks' candidates and log-sum-exps travel packed
+    in one all-gather (``gather``), and every rank merges them into the same ranking of the whole vocabulary."""
+    if vocab_start + lm_head_shard.shape[0] > PACKED_ID_LIMIT:
+        raise ValueError(f"token ids up to {vocab_start + lm_head_shard.shape[0]} do not travel exactly in float32")
+    lead = draft_hidden.shape[:-1]
+    rows = draft_hidden.reshape(-1, draft_hidden.shape[-1])  # [n, H]
+    rows = rows if rows.dtype == lm_head_shard.dtype else rows.to(lm_head_shard.dtype)
+    logits = torch.nn.functional.linear(rows, lm_head_shard)  # [n, V_shard]: fresh, the ranking may overwrite it
+    values, ids, lse = shard_candidates(logits, k, vocab_start, overwrite=True)  # [n, k], [n, k], [n, 1]
+    ranked_lp, ranked_ids = merge_packed_candidates(gather(pack_shard_candidates(values, ids, lse)), k)  # [n, k]
     return ranked_lp.view(*lead, -1), ranked_ids.view(*lead, -1)
 
 

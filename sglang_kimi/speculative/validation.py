@@ -307,6 +307,16 @@ def _backends(cfg) -> list[tuple[str, str | None]]:
     ]
 
 
+def _attention_dp_size(cfg) -> int:
+    """The attention data-parallel width as SGLang resolves it: 0.5.23 rewrites ``--dp-size N
+    --enable-dp-attention`` into ``attn_dp_size = N`` (and the flag off) before the speculative settings are
+    resolved, and takes ``--attn-dp-size N`` as it is; earlier releases keep the flag with ``dp_size``."""
+    width = int(getattr(cfg, "attn_dp_size", 1) or 1)
+    if getattr(cfg, "enable_dp_attention", False):
+        width = max(width, int(getattr(cfg, "dp_size", 1) or 1), 2)
+    return width
+
+
 def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]) -> None:
     """What the plugin's DFLASH tree worker needs, for draft trees and for adaptive widths (every width is verified
     as a tree): tree masks in the attention backends (``backends``: those of a static tree, or of a width that
@@ -320,10 +330,12 @@ def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]
             f"{window} asks for SGLang's compact sliding-window cache: drop "
             f"--speculative-draft-window-size (DFLASH chains serve it), or {drop}"
         )
-    if getattr(cfg, "enable_dp_attention", False):
+    attn_dp = _attention_dp_size(cfg)
+    if attn_dp > 1:
         raise SpeculativeConfigError(
-            f"{flag_name} is not served with --enable-dp-attention (the DFLASH tree worker has no DP-attention "
-            f"path): drop --enable-dp-attention (EAGLE3 trees serve it), or {drop}"
+            f"{flag_name} is not served with DP attention (here over {attn_dp} groups: --attn-dp-size, or "
+            f"--dp-size with --enable-dp-attention; the DFLASH tree worker has no DP-attention path): drop DP "
+            f"attention (EAGLE3 trees serve it), or {drop}"
         )
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in backends:

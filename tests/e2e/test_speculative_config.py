@@ -388,6 +388,25 @@ def cases(d):
             ["--speculative-kimi-adaptive drafts over the drafter's whole KV cache"],
         ),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
+        # DP attention in both spellings, which SGLang resolves into --attn-dp-size before these checks (the plugin's
+        # refusal never fired, and SGLang's own came instead, on a GPU only after the weights loaded)
+        (
+            dflash(
+                d["dflash"],
+                "--speculative-dflash-tree-budget",
+                "8",
+                "--tp",
+                "2",
+                "--dp-size",
+                "2",
+                "--enable-dp-attention",
+            ),
+            ["--speculative-dflash-tree-budget is not served with DP attention (here over 2 groups"],
+        ),  # fmt: skip
+        (
+            dflash(d["dflash"], *adaptive(), "--tp", "2", "--attn-dp-size", "2"),
+            ["--speculative-kimi-adaptive is not served with DP attention", "EAGLE3 trees serve it"],
+        ),
         # EAGLE draft shapes SGLang dies on with a bare TypeError / AssertionError
         (
             eagle3(d["eagle3"], "--speculative-num-steps", "5"),

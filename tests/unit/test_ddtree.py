@@ -5,11 +5,14 @@ import pytest
 import torch
 
 from sglang_kimi.speculators.ddtree import (
+    PACKED_ID_LIMIT,
     build_ddtree,
     build_ddtree_ranked,
     logsumexp_from_max,
+    merge_packed_candidates,
     merge_shard_candidates,
     num_tree_nodes,
+    pack_shard_candidates,
     rank_draft_logits,
     shard_candidates,
 )
@@ -17,10 +20,28 @@ from sglang_kimi.speculators.ddtree import (
 
 def sharded_ranking(logits: torch.Tensor, k: int, bounds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """What the DFLASH tree worker computes at tensor parallelism len(bounds) - 1: each rank ranks its vocabulary
-    shard logits[:, bounds[r]:bounds[r + 1]], the all-gather concatenates the shards in rank order, one merge."""
+    shard logits[:, bounds[r]:bounds[r + 1]] and packs its candidates, one all-gather stacks them in rank order,
+    one merge."""
     parts = [shard_candidates(logits[:, lo:hi], k, lo) for lo, hi in zip(bounds, bounds[1:])]
-    values, ids, lse = (torch.cat([p[i] for p in parts], dim=-1) for i in range(3))
-    return merge_shard_candidates(values, ids, lse, k)
+    gathered = torch.stack([pack_shard_candidates(*p) for p in parts])  # [S, n, 2k+1]
+    return merge_packed_candidates(gathered, k)
+
+
+def test_packed_candidates_merge_as_the_shards_own_tensors():
+    """Ids travel as float32 beside the values: exact below 2**24 (Kimi's 163,840 tokens are far below)."""
+    gen = torch.Generator().manual_seed(3)
+    k, shards, n = 5, 3, 4
+    values = torch.randn(shards, n, k, generator=gen).sort(dim=-1, descending=True).values
+    ids = torch.stack([torch.randint(0, 1000, (n, k), generator=gen) + s * 1000 for s in range(shards)])
+    ids[-1, 0, 0] = PACKED_ID_LIMIT - 1  # the largest id that travels exactly
+    lse = torch.randn(shards, n, 1, generator=gen) + 5
+    packed = torch.stack([pack_shard_candidates(values[s], ids[s], lse[s]) for s in range(shards)])
+    assert packed.shape == (shards, n, 2 * k + 1) and packed.dtype == torch.float32
+    by_shard = [torch.cat(list(t), dim=-1) for t in (values, ids, lse)]  # [n, S*k], [n, S*k], [n, S]
+    want_lp, want_ids = merge_shard_candidates(*by_shard, k)
+    got_lp, got_ids = merge_packed_candidates(packed, k)
+    assert torch.equal(got_ids, want_ids) and torch.equal(got_lp, want_lp)
+    assert int(packed[-1, 0, k]) == PACKED_ID_LIMIT - 1
 
 
 def test_ranking_is_the_top_k_of_log_softmax():

@@ -112,3 +112,52 @@ def test_the_check_counts_a_replayed_draft_that_differs(monkeypatch, caplog):
         assert (drafter_graph.draft_graphs(), drafter_graph.check_replays()) == (graphs, check), value
     monkeypatch.delenv(env)
     assert (drafter_graph.draft_graphs(), drafter_graph.check_replays()) == (True, False)
+
+
+def tp_tail_rank(rank: int, group, width: int, bounds: list[int]) -> dict:
+    """One tensor-parallel rank: its shard of the LM head in a draft tail with the group, captured as SGLang captures
+    it, and the same draft side compiled whole (``fullgraph``) with its all-gather."""
+    gen = torch.Generator().manual_seed(width)
+    lm_head = (torch.randn(VOCAB, HIDDEN, generator=gen) * 4).round() / 4  # ties, within and across shards
+    hidden, input_ids, seq_lens = block_inputs(gen, 4)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    tail = DraftTail(lm_head[lo:hi], block=BLOCK, width=width, use_kernel=False, max_bs=8, vocab_start=lo,
+                     tp_group=group)  # fmt: skip
+    captured_call(tail, hidden, input_ids, seq_lens)
+    tree, positions, ancestor, nonfinite = tail.result(3)
+
+    def draft(block_hidden, root, prefix):
+        out = draft_side(block_hidden[:, 1:], tail.lm_head, root, prefix, width=width, tree=True, vocab_start=lo,
+                         gather=tail._gather)  # fmt: skip
+        return out[0].tokens, out[0].parents, out[1], out[2]
+
+    compiled = torch.compile(draft, fullgraph=True, dynamic=False, backend="eager")
+    block_hidden, root = hidden.view(4, BLOCK, HIDDEN)[:3], input_ids.view(4, BLOCK)[:3, 0]
+    return {
+        "tail": (tree.tokens, tree.parents, tree.depths, positions, ancestor, nonfinite),
+        "compiled": compiled(block_hidden, root, seq_lens[:3]),
+    }
+
+
+@pytest.mark.parametrize("width, bounds", [(16, [0, 40, VOCAB])])  # uneven shards
+def test_the_tail_at_tp2_gathers_the_shards_inside_and_builds_the_full_vocabularys_tree(width, bounds):
+    """At tensor parallelism 2 each rank's tail ranks its shard and gathers the ranks' packed candidates (one
+    collective, in the tail): both ranks build exactly the tree of the whole LM head, and the draft side with that
+    collective compiles whole (``torch.compile(fullgraph=True)``), as a CUDA graph would hold it."""
+    from support.gloo_ranks import run_ranks
+
+    ranks = run_ranks(tp_tail_rank, 2, width, bounds)
+    gen = torch.Generator().manual_seed(width)
+    lm_head = (torch.randn(VOCAB, HIDDEN, generator=gen) * 4).round() / 4
+    hidden, input_ids, seq_lens = block_inputs(gen, 4)
+    want_tree, want_pos, want_anc, want_nf = draft_side(
+        hidden.view(4, BLOCK, HIDDEN)[:3, 1:], lm_head, input_ids.view(4, BLOCK)[:3, 0], seq_lens[:3], width=width,
+        tree=True,
+    )  # fmt: skip
+    want = (want_tree.tokens, want_tree.parents, want_tree.depths, want_pos, want_anc, want_nf)
+    for rank in ranks:
+        for got, expected in zip(rank["tail"], want):
+            assert torch.equal(got, expected)
+        tokens, parents, positions, ancestor = rank["compiled"]
+        assert torch.equal(tokens, want[0]) and torch.equal(parents, want[1])
+        assert torch.equal(positions, want_pos) and torch.equal(ancestor, want_anc)

@@ -136,7 +136,7 @@ def tree_settings(**fields):
     "fields, message",
     [
         ({"speculative_draft_window_size": 16}, "--speculative-draft-window-size 16 asks for SGLang's compact"),
-        ({"enable_dp_attention": True}, "is not served with --enable-dp-attention"),
+        ({"enable_dp_attention": True, "dp_size": 4}, r"is not served with DP attention \(here over 4 groups"),
         ({"page_size": 16}, r"needs --page-size 1 \(got 16\)"),
         ({"decode_attention_backend": "flashinfer"}, "--decode-attention-backend is flashinfer"),
     ],

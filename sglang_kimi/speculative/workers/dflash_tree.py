@@ -5,7 +5,7 @@ its draft forward and its draft-KV bookkeeping, and replaces the decode step:
 
 1. draft: the block ``[bonus, mask x (B-1)]`` through the DFlash drafter (non-causal, context = the drafter's KV of
    the committed tokens), then the target's LM head ranks each position's best K = budget tokens (tensor-parallel:
-   each rank ranks its vocabulary shard; the shards' candidates and log-sum-exps are gathered);
+   each rank ranks its vocabulary shard; the shards' candidates and log-sum-exps are gathered in one all-gather);
 2. tree: DDTree (``speculators.ddtree.build_ddtree_ranked``; the Triton ``kernels.ddtree_build`` on a GPU) with
    ``budget`` nodes below the root, padded to the N = budget + 1 slots of the verify window;
 3. verify: the target over the N nodes at positions ``prefix + depth`` with the ancestor mask (``DFlashVerifyInput``
@@ -20,7 +20,8 @@ synchronisation"); the tree mask's blocks are written in place (``tree_verify_in
 
 With CUDA graphs the verify of the full window replays SGLang's target graph, captured with the tree mask
 (``tree_verify_graphs.py``), and the drafter replays its own graphs, captured at the block's width with the ranking
-and the tree build as their captured tail (``drafter_graph.py``); narrower windows and larger batches run eager.
+and the tree build as their captured tail (``drafter_graph.py``; at TP > 1 with the candidates' all-gather in the
+graph); narrower windows and larger batches run eager.
 
 With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too, and each step runs the width ``w``
 the policy chose for its batch (``speculative/adaptive/runtime.py``): w drafts of a chain or a tree of w nodes, a
@@ -86,12 +87,12 @@ from sglang_kimi.speculative.workers.tree_verify_inputs import (
     verify_probs,
     write_tree_mask,
 )
-from sglang_kimi.speculators.ddtree import merge_shard_candidates, shard_candidates
 from sglang_kimi.speculators.tree_step import (
     CommitLayout,
     chain_window,
     commit_layout,
     rank_draft_hidden,
+    rank_draft_hidden_sharded,
     tree_from_ranked,
 )
 from sglang_kimi.speculators.trees import DraftTree, build_chain
@@ -191,7 +192,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         self._mode = mode
         self.adaptive = None
         self._mask_buffer: torch.Tensor | None = None  # the tree mask's buffer when the target backend has none
-        self._tail: DraftTail | None = None  # the drafter graphs' captured draft side (TP 1, graphs captured)
+        self._tail: DraftTail | None = None  # the drafter graphs' captured draft side (trees, graphs captured)
         self._trace_file = trace_file()  # recording the accepted paths (acceptance_trace.py)
         self._adaptive_pending = bool(args.adaptive)  # started once the KV pools exist (its profile runs forwards)
         if self.tree_budget is not None:
@@ -212,10 +213,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
     def init_cuda_graphs(self):
         """SGLang's DFLASH set-up, with the drafter's graphs captured at the block's width (as SGLang captures a
-        chain's drafter whose block is this block). Trees: the draft side is their captured tail, where the ranking
-        needs no collective (TP 1), and the target's verify graphs must carry the tree mask. Adaptive chains: the
-        tail is SGLang's own in-graph argmax (``_maybe_build_draft_sampler``) and the target's graphs its causal
-        chain verify, both SGLang's chain's."""
+        chain's drafter whose block is this block). Trees: the draft side is their captured tail (under tensor
+        parallelism with its one all-gather), and the target's verify graphs must carry the tree mask. Adaptive
+        chains: the tail is SGLang's own in-graph argmax (``_maybe_build_draft_sampler``) and the target's graphs
+        its causal chain verify, both SGLang's chain's."""
         if not draft_graphs():
             self._eager_drafter()
         else:
@@ -258,15 +259,21 @@ class DFlashTreeWorker(DFlashWorkerV2):
         finally:
             del draft_worker.init_cuda_graphs
 
-    def _new_draft_tail(self) -> DraftTail | None:
+    def _new_draft_tail(self) -> DraftTail:
+        """The draft side as the drafter graphs' tail; under tensor parallelism with this rank's shard of the LM
+        head and the target's TP group (the ranks' candidates gathered inside the graph, as SGLang's chain gathers
+        its argmax)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        if getattr(lm_head, "shard_indices", None) is not None and int(get_parallel().tp_group.world_size) > 1:
-            return None  # the ranking all-gathers the shards' candidates: it runs after the replay
-        vocab = int(self.model_runner.model_config.vocab_size)
+        shard = getattr(lm_head, "shard_indices", None)
+        tp_group = get_parallel().tp_group
+        sharded = shard is not None and int(tp_group.world_size) > 1
+        rows = int(shard.num_org_elements) if sharded else int(self.model_runner.model_config.vocab_size)
         runner = self.target_worker.model_runner
         target_graphs = getattr(runner, "decode_cuda_graph_runner", None)  # captured before the drafter's
         return DraftTail(
-            lm_head.weight[:vocab],
+            lm_head.weight[:rows],
+            vocab_start=int(shard.org_vocab_start_index) if sharded else 0,
+            tp_group=tp_group if sharded else None,
             block=self.block_size,
             width=self.max_width,
             use_kernel=self._use_triton_ddtree,
@@ -658,12 +665,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         if tp_size == 1:
             with _draft_tp_scope(self):
                 return rank_draft_hidden(hidden, weight[:local_size], k)
-        bs, depth = hidden.shape[:2]
-        with _draft_tp_scope(self):
-            logits = torch.matmul(hidden.reshape(bs * depth, -1).to(weight.dtype), weight[:local_size].T).float()
-        values, ids, lse = shard_candidates(logits, k, local_start, overwrite=True)  # [n, K], [n, K], [n, 1]
-        values = tensor_model_parallel_all_gather(values.contiguous(), dim=-1)  # [n, tp*K], shards in rank order
-        ids = tensor_model_parallel_all_gather(ids.contiguous(), dim=-1)
-        lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)  # [n, tp]
-        ranked_lp, ranked_ids = merge_shard_candidates(values, ids, lse, k)
-        return ranked_lp.view(bs, depth, -1), ranked_ids.view(bs, depth, -1)
+
+        def gather(packed: torch.Tensor) -> torch.Tensor:  # [n, C] -> [tp, n, C]: rank order
+            return tensor_model_parallel_all_gather(packed.contiguous(), dim=0).view(tp_size, *packed.shape)
+
+        return rank_draft_hidden_sharded(hidden, weight[:local_size], k, local_start, gather)

@@ -16,8 +16,10 @@ reservations), while its drafter runs the block. So:
 
 A step whose drafter forward replayed a graph reads the tail's buffers; a step that ran eager (no graphs, a batch
 larger than the largest graph, an adaptive width narrower than the widest) computes the same function from the
-hidden states. Under tensor parallelism the ranking all-gathers the shards' candidates, so there is no tail and the
-ranking runs after the replay.
+hidden states. Under tensor parallelism the tail ranks this rank's shard of the LM head and all-gathers the ranks'
+packed candidates into a buffer of its own inside the graph (``GroupCoordinator.all_gather_into_tensor``, the
+collective SGLang's chain folds into the same graphs for its argmax), so every rank builds the same tree in the
+replay.
 
 ``SGLANG_KIMI_DRAFT_GRAPHS``: unset or ``1`` captures the drafter's graphs where SGLang would capture a chain's;
 ``0`` leaves the drafter eager (SGLang's capture of it stays off, as with graphs off); ``check`` captures them and
@@ -90,10 +92,16 @@ class DraftTail:
         width: int,
         use_kernel: bool,
         max_bs: int,
+        vocab_start: int = 0,
+        tp_group=None,
     ):
+        """``lm_head``: the target's LM head, its real vocabulary rows; under tensor parallelism this rank's shard
+        (ids from ``vocab_start``), with ``tp_group`` the group its shards are split over (SGLang's
+        ``GroupCoordinator``: ``world_size``, ``all_gather_into_tensor``)."""
         if not 1 <= width or block < 2:
             raise ValueError(f"a draft tail needs width >= 1 and a block of >= 2 tokens (got {width}, {block})")
-        self.lm_head = lm_head  # [V, H]: the target's LM head, its real vocabulary rows
+        self.lm_head = lm_head  # [V or V_shard, H]
+        self.vocab_start, self.tp_group = int(vocab_start), tp_group
         self.block, self.width, self.use_kernel = int(block), int(width), bool(use_kernel)
         n = self.width + 1
         depth = min(self.width, self.block - 1)
@@ -106,6 +114,9 @@ class DraftTail:
         self.positions = torch.zeros((max_bs, n), dtype=long, device=device)  # [max_bs, N]
         self.ancestor = torch.zeros((max_bs, n, n), dtype=torch.bool, device=device)  # [max_bs, N, N]
         self.nonfinite = torch.zeros((max_bs, depth, k), dtype=torch.bool, device=device)  # [max_bs, D, K]
+        if tp_group is not None:  # every rank's packed candidates (values, ids, lse), rank after rank
+            rows = int(tp_group.world_size) * max_bs * depth
+            self.gathered = torch.zeros((rows, 2 * k + 1), dtype=torch.float32, device=device)  # [tp*max_bs*D, 2K+1]
         self.max_depth: int | None = None  # static per (width, block): set by the first capture
         self.captured_bs: set[int] = set()
 
@@ -113,8 +124,17 @@ class DraftTail:
         """The step's draft side from the drafter's block: hidden [bs, B, H], root [bs], prefix_lens [bs] ->
         (tree of N = width + 1 slots, positions [bs, N], ancestor [bs, N, N], nonfinite [bs, D, K])."""
         return draft_side(
-            hidden[:, 1:], self.lm_head, root, prefix_lens, width=self.width, tree=True, use_kernel=self.use_kernel
-        )
+            hidden[:, 1:], self.lm_head, root, prefix_lens, width=self.width, tree=True, use_kernel=self.use_kernel,
+            vocab_start=self.vocab_start, gather=None if self.tp_group is None else self._gather,
+        )  # fmt: skip
+
+    def _gather(self, packed: torch.Tensor) -> torch.Tensor:
+        """Every rank's packed candidates [n, C] into the tail's own buffer (a graph's collective writes a fixed
+        address) -> [tp, n, C] in rank order."""
+        tp, n = int(self.tp_group.world_size), packed.shape[0]
+        out = self.gathered[: tp * n]
+        self.tp_group.all_gather_into_tensor(out, packed.contiguous())
+        return out.view(tp, *packed.shape)
 
     def __call__(self, runner, out, forward_batch, num_tokens: int) -> None:
         """SGLang's capture tail hook: the draft side of the captured batch, written into the buffers."""
