@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.sglang-kimi-installed
 SGLANG_VERSION := 0.5.23
 
-.PHONY: install demo test test-unit test-statistical test-e2e clean
+.PHONY: install demo test test-unit test-statistical test-e2e gpu-bundle clean
 
 $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,11 @@ test-statistical: install
 
 test-e2e: install
 	$(PY) -m pytest -q -ra tests/e2e
+
+# What a lent GPU machine lacks (SGLang and the packages its serving path imports), as wheels in .gpu-bundle/, and
+# the paths that must travel with the tree (docs/gpu.md, "The deciding run").
+gpu-bundle: install
+	$(PY) scripts/build_gpu_bundle.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -140,6 +140,11 @@ def main(argv=None) -> int:
         print(f"build_gpu_bundle: over --max-mib {args.max_mib:g}", file=sys.stderr)
         return 1
     print(f"\nwithin --max-mib {args.max_mib:g}; on the GPU machine: see this script's docstring")
+    try:
+        carry = args.out.resolve().relative_to(REPO)
+    except ValueError:
+        carry = args.out
+    print(f'carry: ["{carry}"] (an ignored path: it travels only when named), {together:.1f} MiB with the tree')
     return 0
 
 

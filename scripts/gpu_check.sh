@@ -8,6 +8,9 @@
 #   imports  every SGLang serving module imported on the GPU, each failure listed;
 #   serving  the torch stand-ins for sgl_kernel's ops on the GPU, then the tiny model served in every mode
 #            (scripts/gpu_serve_check.py, SERVE_ARGS: its arguments): parity with autoregressive, tokens/s, tau.
+#   decide   the planned run that decides tree against chain (scripts/gpu_decide.py, DECIDE_ARGS: its arguments):
+#            servers side by side with CUDA graphs, parity, 3 interleaved rounds of >= 5 s levels, JSON each round;
+#            run it alone (STEPS=decide): its plan takes the command's time;
 #   stepcost one rank of Kimi-K2.6 at TP 8 (RANK_LAYERS deep, random weights) served at fixed widths:
 #            bench/bench_step_cost.py (STEPCOST_ARGS: its arguments), then bench/project_kimi.py --measured.
 # STEPS (comma list) picks steps, default all but sweep and stepcost; install always runs. Each step has its own
@@ -16,6 +19,7 @@
 #   bash scripts/gpu_check.sh OUT_DIR [BENCH_ARGS...]            # from the repository root
 #   STEPS=serving SERVE_ARGS='--graphs eager' bash scripts/gpu_check.sh OUT_DIR
 #   STEPS=stepcost bash scripts/gpu_check.sh OUT_DIR
+#   STEPS=decide bash scripts/gpu_check.sh OUT_DIR                # the one run that decides (docs/gpu.md)
 set -u
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [bench_kernels.py args]}
 shift
@@ -101,6 +105,13 @@ if want serving; then
     PYTHONPATH=$SHIMS:$SITE timeout "${SERVE_TIMEOUT_S:-560}" python3 scripts/gpu_serve_check.py --out "$OUT/serve" \
         ${SERVE_ARGS:-} 2>&1 | tail -${SERVE_TAIL:-80}
     echo "compiled at run time:"; ls /tmp/sglang_jit/* 2>/dev/null | head -30
+fi
+if want decide; then
+    step "the deciding run: tree against chain (scripts/gpu_decide.py $DECIDE_ARGS)"
+    serving_env
+    # shellcheck disable=SC2086
+    PYTHONPATH=$SHIMS:$SITE timeout "${DECIDE_TIMEOUT_S:-560}" python3 scripts/gpu_decide.py --out "$OUT/decide" \
+        ${DECIDE_ARGS:-} 2>&1 | tail -${DECIDE_TAIL:-60}
 fi
 if want stepcost; then
     step "one rank of Kimi-K2.6 at TP 8, ${RANK_LAYERS:-12} layers, random weights: t(B, w) (bench/bench_step_cost.py)"

@@ -19,7 +19,8 @@ import copy
 from sglang_kimi.speculative import acceptance_rates
 
 SPEC_LISTS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")
-SPEC_COUNTS = ("steps", "nonfinite_draft_positions", "nonfinite_draft_steps")
+SPEC_COUNTS = ("steps", "nonfinite_draft_positions", "nonfinite_draft_steps", "draft_replays_checked",
+               "draft_replays_differed")  # fmt: skip
 STEP_TIMES = ("host_ms_per_step", "host_ms_per_step_outside_target_forward")
 
 
@@ -70,6 +71,9 @@ def merge_spec_metrics(parts: list[dict]) -> dict:
         out["decode_steps"] = sum(steps)
         for key in STEP_TIMES:
             out[key] = sum(n * float(p.get(key) or 0.0) for n, p in zip(steps, parts)) / sum(steps)
+    sources = [p["draft_steps_by_source"] for p in parts if p.get("draft_steps_by_source")]
+    if sources:  # where each rank's draft steps came from
+        out["draft_steps_by_source"] = {k: sum(int(s.get(k) or 0) for s in sources) for k in sources[0]}
     depths = [p["max_depth"] for p in parts if p.get("max_depth") is not None]
     if depths:
         out["max_depth"] = max(depths)

@@ -215,6 +215,7 @@ draft_health = DraftHealth()
 
 def current_snapshot() -> dict | None:
     from sglang_kimi.speculative.step_phases import step_clock
+    from sglang_kimi.speculative.workers.drafter_graph import replay_checks
 
     draft_health.settle()
     if _stats is None and draft_health.steps == 0:
@@ -223,6 +224,7 @@ def current_snapshot() -> dict | None:
     snapshot["nonfinite_draft_positions"] = draft_health.positions
     snapshot["nonfinite_draft_steps"] = draft_health.steps
     snapshot.update(step_clock.snapshot())  # DFLASH decode steps' host time (0 steps for other workers)
+    snapshot.update(replay_checks())  # SGLANG_KIMI_DRAFT_GRAPHS=check: replayed drafts compared with eager ones
     return snapshot
 
 

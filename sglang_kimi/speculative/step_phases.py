@@ -52,12 +52,18 @@ NO_PHASES = StepPhases(recording=False)  # for a draft outside a decode step (th
 
 
 class StepClock:
-    """Host seconds of the decode steps of this process, and of their target forwards."""
+    """Host seconds of the decode steps of this process, and of their target forwards; and where each DFLASH tree
+    worker step's draft came from (:meth:`drafted`)."""
+
+    # a draft step's source: the drafter graph's captured tail (the tree), SGLang's in-graph argmax (adaptive chains),
+    # the draft side run eagerly after the drafter's forward, or SGLang's own chain step (adaptive at the full chain)
+    DRAFT_SOURCES = ("captured_tail", "captured_argmax", "eager", "sglang_chain_step")
 
     def __init__(self) -> None:
         self.steps = 0
         self.step_seconds = 0.0
         self.target_seconds = 0.0
+        self.draft_steps = dict.fromkeys(self.DRAFT_SOURCES, 0)
         self._lock = threading.Lock()
 
     def add(self, step_seconds: float, target_seconds: float) -> None:
@@ -66,6 +72,11 @@ class StepClock:
             self.step_seconds += step_seconds
             self.target_seconds += target_seconds
 
+    def drafted(self, source: str) -> None:
+        """One step's draft came from ``source`` (one of :data:`DRAFT_SOURCES`): a host counter, no device read."""
+        with self._lock:
+            self.draft_steps[source] += 1
+
     def snapshot(self) -> dict:
         with self._lock:
             steps = max(self.steps, 1)
@@ -73,6 +84,7 @@ class StepClock:
                 "decode_steps": self.steps,
                 "host_ms_per_step": 1e3 * self.step_seconds / steps,
                 "host_ms_per_step_outside_target_forward": 1e3 * (self.step_seconds - self.target_seconds) / steps,
+                "draft_steps_by_source": dict(self.draft_steps),
             }
 
 

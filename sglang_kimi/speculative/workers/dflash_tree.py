@@ -67,7 +67,7 @@ except ImportError:
 from sglang_kimi.options import DRAFT_GRAPHS_ENV, debug_greedy_verify, plugin_args
 from sglang_kimi.speculative.acceptance_trace import append_paths, trace_file
 from sglang_kimi.speculative.metrics import draft_health
-from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_phases
+from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_clock, step_phases
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, exact_step
 from sglang_kimi.speculative.workers.drafter_graph import (
     DraftTail,
@@ -319,6 +319,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         SGLang's chain server costs. The plugin's exact-penalty and sampling registrations apply to it as to
         SGLang's chain server."""
         started = self.adaptive.start()
+        step_clock.drafted("sglang_chain_step")
         result = super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         num_accepted = result.accept_lens.to(torch.int64) - 1  # [bs]: commit lengths are accepted + 1
         self.adaptive.finish(started, len(batch.seq_lens), self.block_size - 1, num_accepted, None)
@@ -574,18 +575,21 @@ class DFlashTreeWorker(DFlashWorkerV2):
             bs, block = len(root), self.block_size
             drafts = self._draft_sampler.out[: bs * (block - 1)].view(bs, block - 1)[:, :width]  # [bs, w]
             draft = chain_window(root, drafts, prefix_lens, width + 1)
+            step_clock.drafted("captured_argmax")
             if check_replays():
                 ranked = self._ranked_draft_logprobs(draft_hidden[:, 1 : width + 1], 1)[1]  # [bs, w, 1]
                 same_draft(draft, chain_window(root, ranked[:, :, 0], prefix_lens, width + 1))
             return draft
         if replayed and self._tail is not None and width == self._tail.width:
             draft = self._tail.result(len(root))  # the graph's tail ranked and built it
+            step_clock.drafted("captured_tail")
             if check_replays():
                 same_draft(draft, self._tail.draft(draft_hidden, root, prefix_lens))
             tree, positions, ancestor, nonfinite = draft
             draft_health.add(nonfinite)
             return tree, positions, ancestor
         phases.enter("draft_rank")
+        step_clock.drafted("eager")
         hidden = draft_hidden[:, 1 : min(width, self.block_size - 1) + 1]  # [bs, D, H]: the draft positions
         ranked_lp, ranked_ids = self._ranked_draft_logprobs(hidden, width if is_tree else 1)  # [bs, D, K]
         phases.enter("tree_build")

@@ -54,6 +54,11 @@ def check_replays() -> bool:
     return os.environ.get(DRAFT_GRAPHS_ENV, "1") == "check"
 
 
+def replay_checks() -> dict:
+    """How many replayed drafts ``check`` compared with the eager ones, and how many differed."""
+    return {"draft_replays_checked": _checked["steps"], "draft_replays_differed": _checked["differed"]}
+
+
 def same_draft(replayed: tuple, eager: tuple) -> bool:
     """Whether a replayed step's draft (tree, positions, ancestor, nonfinite) equals the eager one; counts and logs."""
     tree, *rest = replayed
