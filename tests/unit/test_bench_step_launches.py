@@ -131,3 +131,21 @@ def test_adaptive_at_the_full_chain_has_that_width_only(tmp_path):
     args = configs["adaptive@chain"]
     settings = json.loads(Path(args[args.index("--speculative-kimi-adaptive-config") + 1]).read_text())
     assert settings == {"widths": [7]}  # the tiny drafter's block of 8: its full chain
+
+
+def test_what_a_drafter_graph_holds_on_a_gpu_is_left_out_of_the_operators_outside_both_forwards():
+    """SGLang's chain argmax (eager here, named by its Python function) and a tree's ranking and build are the
+    drafter graph's tail on a GPU; a synchronisation a CPU only makes is told apart from the ones a GPU makes too."""
+    fn = "sglang/srt/speculative/dflash_worker_v2.py(1599): _greedy_sample_from_vocab_parallel_head"
+    chain = [span("sglang_kimi.step", 0, 100), op("aten::mm", 10), op("aten::argmax", 12), call(fn, 9, 5),
+             op("aten::add", 50)]  # fmt: skip
+    result = bench.step_operators(chain)
+    assert result["operators_per_phase"] == {"sglang:draft_argmax": 2, "other": 1}
+    assert result["operators_outside_forwards"] == 1
+    tree = [span("sglang_kimi.step", 0, 100), span("sglang_kimi.draft_rank", 1, 20), op("aten::topk", 2),
+            span("sglang_kimi.tree_build", 30, 20), op("aten::scatter", 31), op("aten::add", 60)]  # fmt: skip
+    assert bench.step_operators(tree)["operators_outside_forwards"] == 1
+    profile = {"syncs_per_phase": {"draft_rank": 1, "verify_accept": 1}, "sync_sites": {
+        "draft_rank: aten::_local_scalar_dense in speculators/trees.py(232): topk_lowest_index_ties": 1,
+        "verify_accept: aten::_local_scalar_dense in x.py(1): walk": 1}}  # fmt: skip
+    assert bench.device_phase_syncs(profile) == (1, 1)

@@ -393,15 +393,16 @@ def read_verify_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, n: in
     Rows past ``real`` are the ones attention data parallelism pads a batch with (KV written to the reserved slot
     0, outputs dropped): no cells in the mask, a causal tree.
     """
-    lens = prefix_lens.tolist()
-    real = len(lens) if real is None else real
+    bs = prefix_lens.shape[0]
+    real = bs if real is None else real
     flat = custom_mask.reshape(-1).to(torch.bool)
-    causal = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril()  # [N, N]
+    causal = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril().expand(bs - real, n, n)  # padding rows
     if flat.numel() == real * n * n:
-        return torch.cat([flat.view(real, n, n), causal.expand(len(lens) - real, n, n)])
-    trees, offset = [], 0
-    for p in lens[:real]:
-        trees.append(flat[offset : offset + n * (p + n)].view(n, p + n)[:, p:])
-        offset += n * (p + n)
-    trees += [causal] * (len(lens) - real)
-    return torch.stack(trees)
+        return torch.cat([flat.view(real, n, n), causal])
+    # cell (b, i, j) of the tree block: start_b + i * (p_b + N) + p_b + j, start_b = N * sum_{c<b} (p_c + N)
+    prefix = prefix_lens[:real].to(device=flat.device, dtype=torch.long)  # [real]
+    row_len = prefix + n  # [real]
+    starts = n * (row_len.cumsum(0) - row_len)  # [real]
+    nodes = torch.arange(n, device=flat.device)
+    cells = (starts + prefix)[:, None, None] + nodes[None, :, None] * row_len[:, None, None] + nodes  # [real, N, N]
+    return torch.cat([flat[cells], causal])
