@@ -72,8 +72,8 @@ class Settings:
 SETTINGS = {
     "cuda": Settings(level_s=5.0, levels=(1, 8, 32), rounds=3, max_new_tokens=96, profile_steps=20, start_s=150.0,
                      parity_s=15.0, settle_s=0.3, profile_s=5.0),
-    "cpu": Settings(level_s=2.0, levels=(1, 4), rounds=3, max_new_tokens=24, profile_steps=4, start_s=150.0,
-                    parity_s=80.0, settle_s=2.0, profile_s=20.0),
+    "cpu": Settings(level_s=2.0, levels=(1, 4), rounds=3, max_new_tokens=24, profile_steps=4, start_s=200.0,
+                    parity_s=160.0, settle_s=0.5, profile_s=8.0),
 }  # fmt: skip
 
 
@@ -188,21 +188,19 @@ def level(url: str, prompts: list[str], concurrency: int, seconds: float, max_ne
 
 
 def _step_deltas(before: dict, after: dict, wall: float) -> dict:
+    """The level's decode steps (the DFLASH step clock: per-step wall and host time, draft sources) and tau (the
+    acceptance histogram: every speculative server)."""
+    hist = [a - b for a, b in zip(after.get("accept_length_histogram", []), before.get("accept_length_histogram", []))]
+    out = {"tau": 1 + sum(a * n for a, n in enumerate(hist)) / sum(hist) if sum(hist) else None}
     steps = int(after.get("decode_steps", 0)) - int(before.get("decode_steps", 0))
-    if steps <= 0:
-        return {"decode_steps": 0}
+    out["decode_steps"] = max(steps, 0)
+    if steps <= 0:  # no DFLASH step clock: autoregressive, EAGLE3
+        return out
     host = (after["host_ms_per_step"] * after["decode_steps"] - before.get("host_ms_per_step", 0.0)
             * before.get("decode_steps", 0)) / steps  # fmt: skip
-    hist = [a - b for a, b in zip(after.get("accept_length_histogram", []), before.get("accept_length_histogram", []))]
     sources = {k: v - (before.get("draft_steps_by_source") or {}).get(k, 0)
                for k, v in (after.get("draft_steps_by_source") or {}).items()}  # fmt: skip
-    return {
-        "decode_steps": steps,
-        "step_ms": 1e3 * wall / steps,
-        "host_ms_per_step": host,
-        "tau": 1 + sum(a * n for a, n in enumerate(hist)) / sum(hist) if sum(hist) else None,
-        "draft_steps_by_source": sources,
-    }
+    return dict(out, step_ms=1e3 * wall / steps, host_ms_per_step=host, draft_steps_by_source=sources)
 
 
 def summarise(rounds: list[dict]) -> dict:
