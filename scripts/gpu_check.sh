@@ -45,6 +45,10 @@ if ! python3 -c "import sglang_kimi.kernels" 2>/dev/null; then  # no editable in
     export PYTHONPATH=$SITE:/tmp/sglang_kimi_pkg
     SITE=$PYTHONPATH
 fi
+if ! PYTHONPATH=$SITE python3 -c "import IPython.display" 2>/dev/null; then  # not carried: scripts/gpu_shims stands in
+    export PYTHONPATH=$PYTHONPATH:$PWD/scripts/gpu_shims
+    SITE=$SITE:$PWD/scripts/gpu_shims
+fi
 python3 -c "import sglang, sglang_kimi; print('sglang', sglang.__version__, 'sglang_kimi', sglang_kimi.__version__)" 2>&1 | tail -2
 SHIMS=$(python3 -c "import sglang_kimi.cli.server as s; print(s.SHIMS_DIR)")
 

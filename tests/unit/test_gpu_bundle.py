@@ -59,3 +59,21 @@ def test_stripped_wheel_lists_only_what_it_holds(bundle, tmp_path):
         record = z.read("sglang-0.5.23.dist-info/RECORD").decode()
     assert kept in names and dropped not in names
     assert kept in record and dropped not in record
+
+
+def test_the_ipython_stand_in_serves_sglangs_import():
+    """IPython is not carried (2.2 MiB of the 64 that travel): the GPU machine's stand-in serves the one import SGLang
+    makes of it, ``from IPython.display import HTML, display`` in sglang/utils.py, ahead of any real IPython."""
+    import os
+    import subprocess
+    import sys
+
+    from support.repo_scripts import REPO
+
+    code = (
+        "import IPython; from IPython.display import HTML, display; display(HTML('<b>x</b>')); print(IPython.__file__)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts" / "gpu_shims"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    shown, path = out.splitlines()
+    assert shown == "<b>x</b>" and "gpu_shims" in path

@@ -265,8 +265,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         its argmax)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         shard = getattr(lm_head, "shard_indices", None)
-        tp_group = get_parallel().tp_group
-        sharded = shard is not None and int(tp_group.world_size) > 1
+        tp_group = get_parallel().tp_group if shard is not None else None  # an unsharded head: no group to ask
+        sharded = tp_group is not None and int(tp_group.world_size) > 1
         rows = int(shard.num_org_elements) if sharded else int(self.model_runner.model_config.vocab_size)
         runner = self.target_worker.model_runner
         target_graphs = getattr(runner, "decode_cuda_graph_runner", None)  # captured before the drafter's
@@ -477,7 +477,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         bs, window, sampling_info = plan.bs, plan.window, batch.sampling_info
         if sampling_info is None or sampling_info.is_all_greedy or debug_greedy_verify():
             return verify_tree(draft.tree, target_logits=logits.view(bs, window, -1), ancestor=draft.ancestor)
-        max_top_k = requests_max_top_k(batch.reqs)  # host: the selection then takes no full sort
+        max_top_k = requests_max_top_k(getattr(batch, "reqs", None))  # host: the selection then takes no full sort
         probs = verify_probs(logits, sampling_info, window, max_top_k).view(bs, window, -1)  # [bs, N, V]
         coins = verify_coins(sampling_info, plan.prefix_lens, bs, window)  # per-request seeds when SGLang has them
         return sampled_result_from_rank0(

@@ -151,7 +151,8 @@ def _verify_sampled(verify_input, batch, logits: torch.Tensor, grammar_mask, tre
     tree = tree if tree is not None else _eagle_trees(verify_input, bs)
     depth = tree.max_depth
     coins = verify_coins(sampling_info, batch.seq_lens, bs, n)
-    probs = verify_probs(logits, sampling_info, n, requests_max_top_k(batch.reqs)).view(bs, n, -1)  # [bs, N, V]
+    max_top_k = requests_max_top_k(getattr(batch, "reqs", None))  # host: the selection then takes no full sort
+    probs = verify_probs(logits, sampling_info, n, max_top_k).view(bs, n, -1)  # [bs, N, V]
     result = verify_tree(tree, target_probs=probs, coins=coins)
 
     predict = torch.zeros(bs * n, dtype=torch.int32, device=device)
