@@ -67,7 +67,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
 }
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # set on CPU unless the user's environment has them (HF_HUB_OFFLINE is left out when a hub id is to be downloaded)
-CPU_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# The TP ranks of one CPU share its memory and each reads the machine's free memory at another moment: other
+# processes allocating in between (servers starting beside it) made SGLang's balance check end the start-up ("The
+# memory capacity is unbalanced"); it warns instead.
+CPU_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"}  # fmt: skip
 # SGLang wraps small helpers in torch.compile (the MoE router's grouped top-k, rotary embeddings); on a CPU every
 # scheduler process compiles them with Inductor at its first batches, about 4 s on 2 cores before the first token
 # (a 1-token shape, then again for longer ones). They run eagerly instead: the same operations, unfused. Left as
