@@ -42,6 +42,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import gpu_serve_check  # noqa: E402  (its request, trace and profile helpers)
+from gpu_serve_check import generate  # noqa: E402  (greedy, ignore_eos)
+
 SCHEMA = "sglang-kimi-gpu-decide/1"
 CHAIN = "dflash-chain"
 DECIDING = ("autoregressive", CHAIN, "dflash-tree-8", "dflash-tree-16", "adaptive")
@@ -151,16 +156,6 @@ def spec_metrics(url: str) -> dict:
     from sglang_kimi.cli.server import fetch_plugin_state
 
     return fetch_plugin_state(url).get("spec_metrics") or {}
-
-
-def generate(url: str, prompt: str, max_new_tokens: int) -> dict:
-    import requests
-
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                                "ignore_eos": True}}  # fmt: skip
-    response = requests.post(url + "/generate", json=body, timeout=300)
-    response.raise_for_status()
-    return response.json()
 
 
 def level(url: str, prompts: list[str], concurrency: int, seconds: float, max_new_tokens: int) -> dict:
@@ -383,9 +378,6 @@ def run(opts, settings: Settings, steps: list[Step]) -> int:
 
 def profiles(urls: dict[str, str], prompts: list[str], out: Path, settings: Settings, limit_s: float) -> dict:
     """One short trace window a deciding server and the EAGLE3 tree (``gpu_serve_check.profile``)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import gpu_serve_check
-
     result, started = {}, time.perf_counter()
     for name in [n for n in (*DECIDING, EAGLE3) if n in urls]:
         if time.perf_counter() - started > limit_s:

@@ -10,7 +10,7 @@ Which backends apply it (MLA, Kimi-K2.6's attention), read from the installed SG
   then attends in two parts merged by their log-sum-exps: every node over the committed prefix, and each node
   alone over the window's slots its mask row selects, taken from the FULL_MASK by index arithmetic
   (``FlashAttentionBackend.init_forward_metadata``'s ``mask_extraction_indices``; ``tests/unit/
-  test_tree_verify_graphs.py`` runs it on the plugin's mask and gets each node's ancestors back). The backend keeps
+  test_tree_attention.py`` runs it on the plugin's mask and gets each node's ancestors back). The backend keeps
   one verify width, the one it was built with (``speculative_num_draft_tokens``: budget + 1), so FA3 serves static
   trees, not adaptive widths. :func:`prepare_tree_verify` switches that path on for the target's backend; the
   backend's ``topk`` is otherwise read only by EAGLE's multi-step draft decode, which a DFLASH target never runs;
@@ -74,7 +74,7 @@ def prepare_tree_verify(target_runner, mode: str, any_width: bool) -> str:
         return name
     raise ValueError(
         f"{mode} verify each step's drafts with a tree mask, but the target's verify attention is {name}, which "
-        "verifies MLA chains "
-        "only (no tree mask; FlashInfer-MLA, FlashMLA, TRT-LLM MLA, cutedsl-MLA and AITER are such backends): "
+        "verifies MLA chains only (no tree mask; FlashInfer-MLA, FlashMLA, TRT-LLM MLA, cutedsl-MLA and AITER are "
+        "such backends): "
         "serve with --attention-backend triton, or fa3 on Hopper for static trees"
     )
