@@ -47,10 +47,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3, TINY_K25_DFLASH
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-ASSETS = REPO / "sglang_kimi" / "assets"
-DRAFTERS = {"matched": ASSETS / "tiny-kimi-k2.6-dflash", "mismatched": ASSETS / "tiny-kimi-k2.5-dflash"}
+DRAFTERS = {"matched": TINY_DFLASH, "mismatched": TINY_K25_DFLASH}
 STATIC = {
     "chain-2": ["--speculative-num-draft-tokens", "3"],
     "chain-7": [],
@@ -59,7 +60,7 @@ STATIC = {
     "tree-32": ["--speculative-dflash-tree-budget", "32"],
 }
 ADAPTIVE = ["--speculative-dflash-tree-budget", "32", "--speculative-kimi-adaptive"]
-EAGLE3_DRAFTER = ASSETS / "tiny-kimi-k2.6-eagle3"
+EAGLE3_DRAFTER = TINY_EAGLE3
 EAGLE3 = {
     "eagle3-static-3": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                         "--speculative-num-draft-tokens", "4"],
@@ -73,8 +74,8 @@ BENCH_SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "1
 
 def start_servers(group: str, configs: dict[str, list[str]], out_dir: Path, stack: ExitStack) -> dict:
     """Every configuration's server, started one after the other (each stopped when ``stack`` closes)."""
-    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
     from sglang_kimi.evals.servers import probe
+    from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, launch_command
 
     servers = {}
     for name, args in configs.items():

@@ -387,7 +387,7 @@ def write_results(result: dict, out_dir: Path, name: str) -> dict[str, Path]:
 
 def launch(mode: Mode, opts, log: Path, wait: bool = True):
     """The mode's server, started (with ``wait``: ready to serve; stopped if it is not)."""
-    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
+    from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, launch_command
 
     args = ["--model-path", opts.model, *shlex.split(opts.server_args), *mode_args(mode, opts.dflash, opts.eagle3)]
     args += ["--max-running-requests", str(max(opts.concurrency))]

@@ -92,7 +92,7 @@ def configurations(budgets: list[int], tp2_budgets: list[int] = (), folder: Path
     """The servers: SGLang's chain, the trees, and adaptive chains whose only width is the block's full chain (the
     step SGLang's chain step serves), each at TP 1 and, with ``tp2_budgets``, the chain, those trees and adaptive
     at TP 2. ``folder``: where adaptive's settings and cost profile are written."""
-    from sglang_kimi.cli.server import TINY_DFLASH
+    from sglang_kimi.assets import TINY_DFLASH
 
     dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
     folder = folder or Path(tempfile.mkdtemp(prefix="bench_step_launches-"))
@@ -246,7 +246,7 @@ def _gpu_serve_check():
 
 
 def spec_metrics(base_url: str) -> dict:
-    from sglang_kimi.cli.server import fetch_plugin_state
+    from sglang_kimi.launcher.server import fetch_plugin_state
 
     return fetch_plugin_state(base_url).get("spec_metrics") or {}
 
@@ -291,7 +291,7 @@ def timed_level(base_url: str, prompts: list[str], concurrency: int, max_new_tok
 
 def run(args) -> dict:
     from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
-    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
+    from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, launch_command
 
     prompts = [gsm8k_prompt(q) for q in load_questions()]
     out_dir = Path(tempfile.mkdtemp(prefix="bench_step_launches-"))

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import _drafter_common as common
 
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
 from sglang_kimi.models import tiny
 from sglang_kimi.speculative import acceptance_rates
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
@@ -44,7 +45,6 @@ from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 from sglang_kimi.speculators.reference.loop import ChainProposer, DDTreeProposer, EagleProposer, generate
 
-ASSETS = REPO / "sglang_kimi" / "assets"
 RESULTS = REPO / "bench" / "results"
 METHODS = ["dflash_chain", "ddtree_8", "ddtree_16", "ddtree_32", "ddtree_64", "eagle3_chain", "eagle3_tree"]
 
@@ -113,8 +113,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled (top-p 1)")
-    ap.add_argument("--dflash", type=Path, default=ASSETS / "tiny-kimi-k2.6-dflash")
-    ap.add_argument("--eagle3", type=Path, default=ASSETS / "tiny-kimi-k2.6-eagle3")
+    ap.add_argument("--dflash", type=Path, default=TINY_DFLASH)
+    ap.add_argument("--eagle3", type=Path, default=TINY_EAGLE3)
     ap.add_argument("--out", type=Path, help="default bench/results/bench_tau.json (bench_tau_t{T}.json sampled)")
     ap.add_argument("--png", type=Path, help="default: the --out path with _acceptance.png")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
@@ -125,7 +125,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=dtype)
+    model = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL, dtype=dtype)
     dflash = DFlashDrafter.from_pretrained(args.dflash, dtype=dtype)
     dflash.attach_target(model.embed_tokens.weight, model.lm_head.weight)
     eagle = Eagle3Drafter.from_pretrained(args.eagle3, dtype=dtype)

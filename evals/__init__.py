@@ -6,5 +6,5 @@
 - ``sglang-kimi bench``: :mod:`.bench` sweeps concurrency through SGLang's own benchmark code
   (:mod:`.sglang_bench`), reads acceptance from ``/server_info`` (:mod:`.acceptance`), draws :mod:`.plots`.
 - :mod:`.servers`: probing URLs (unreachable / not SGLang / different models) and launching servers;
-  :mod:`.cli`: the argument parsers, wired into ``sglang_kimi.cli.main``; :mod:`.errors`: exit code 2.
+  :mod:`.parsers`: the argument parsers, wired into ``sglang_kimi.cli.main``; :mod:`.errors`: exit code 2.
 """

@@ -4,7 +4,7 @@
   server's lifetime (what ``sglang.benchmark.serving`` prints as "Accept length"); absent without speculation,
   and until SGLang's scheduler first logs decode statistics (its totals are updated at those log steps).
 - the plugin's counters, ``internal_states[i]["sglang_kimi"]["spec_metrics"]`` summed over the data-parallel
-  ranks ``i`` (:mod:`sglang_kimi.cli.dp_reports`), cumulative since start-up:
+  ranks ``i`` (:mod:`sglang_kimi.launcher.dp_reports`), cumulative since start-up:
   ``drafted_per_position[i]`` / ``accepted_per_position[i]``: decode steps that drafted position ``i + 1`` /
   accepted at least ``i + 1`` draft tokens (list index 0 = the first token after the bonus);
   ``accept_length_histogram[a]``: steps that accepted ``a`` drafts (bonus excluded).
@@ -17,7 +17,7 @@ From the histogram difference it also derives the level's own tau, output tokens
 
 from __future__ import annotations
 
-from sglang_kimi.cli.dp_reports import merged_report
+from sglang_kimi.launcher.dp_reports import merged_report
 from sglang_kimi.speculative import acceptance_rates
 
 COUNTERS = ("drafted_per_position", "accepted_per_position", "accept_length_histogram")

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.cli.api_key import auth_headers
-from sglang_kimi.cli.dp_reports import merged_report
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded
@@ -35,6 +33,8 @@ from sglang_kimi.evals.servers import (
     probe,
     split_args,
 )
+from sglang_kimi.launcher.api_key import auth_headers
+from sglang_kimi.launcher.dp_reports import merged_report
 
 # The published Kimi-K2.6 speculative-decoding runs.
 PRESETS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from sglang_kimi.cli.launch_checks import wait_until_listening
+from sglang_kimi.launcher.checks import wait_until_listening
 
 DATASET = ("openai/gsm8k", "main")
 PROBE_TIMEOUT_S = 3.0

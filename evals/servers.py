@@ -5,7 +5,7 @@ not SGLang). :func:`check_same_model` refuses to compare a server with itself (o
 server), or servers that serve different models: a different architecture, tokenizer, context length or (when both
 checkpoints are readable here) a different shape in ``config.json``. Weights are deliberately not fingerprinted: a
 quantized or otherwise re-weighted candidate of the same model is exactly what the gate exists to judge.
-:func:`launch_pair` starts servers with the plugin's launcher (:mod:`sglang_kimi.cli.server`).
+:func:`launch_pair` starts servers with the plugin's launcher (:mod:`sglang_kimi.launcher.server`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.cli.api_key import auth_headers, refused_key_hint
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.launcher.api_key import auth_headers, refused_key_hint
 
 # Tokenized on both servers: same ids <=> same tokenizer for all practical purposes (digits, $, unicode, newline).
 PROBE_TEXT = "Question: Janet’s 16 ducks lay 3.5 eggs; $2 × 7 = 14?\nAnswer: 48/2 = <<48/2=24>>24\n#### 72 你好"
@@ -248,7 +248,7 @@ def launch_pair(
     The servers are stopped when ``stack`` closes. Start-up failures become :class:`EvalError` with the
     launcher's message (which names the log).
     """
-    from sglang_kimi.cli.server import ANY_PORT, LaunchError, require_sglang, start_server
+    from sglang_kimi.launcher.server import ANY_PORT, LaunchError, require_sglang, start_server
 
     try:
         require_sglang()

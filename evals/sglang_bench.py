@@ -26,7 +26,7 @@ from sglang_kimi.evals.errors import EvalError
 
 
 def _add_cpu_shims() -> None:
-    from sglang_kimi.cli.server import SHIMS_DIR, has_gpu, shims_needed
+    from sglang_kimi.launcher.server import SHIMS_DIR, has_gpu, shims_needed
 
     if not has_gpu() and shims_needed() and str(SHIMS_DIR) not in sys.path:
         sys.path.insert(0, str(SHIMS_DIR))

@@ -321,7 +321,7 @@ def sglang_exec_context():
     from sglang.srt.distributed import parallel_state
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_kimi.cli.launch_checks import free_port
+    from sglang_kimi.launcher.checks import free_port
 
     rc.publish(ServerArgs(model_path="dummy"), role="test", ranks=rc.SpawnRanks(world_rank=0))
     built = False

@@ -119,7 +119,7 @@ def gsm8k_questions(split: str, limit: int | None = None, data_dir: Path = GSM8K
 def load_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(str(tiny.TINY_MODEL_DIR))
+    return PreTrainedTokenizerFast.from_pretrained(str(tiny.TINY_MODEL))
 
 
 def gsm8k_prompts(split: str, limit: int | None = None, tokenizer=None) -> list[list[int]]:

@@ -9,7 +9,7 @@ a child process with that folder first on ``PYTHONPATH``, so SGLang X shadows th
 1. audit: ``sglang-kimi doctor --strict --json``; the version-range line ("sglang X is outside the supported range")
    is dropped from its problem list, every other problem fails the step;
 2. tests: ``pytest tests/unit/test_plugin.py`` (the registration tests);
-3. serve: the embedded tiny model served on CPU through ``sglang_kimi.cli.server.start_server`` with
+3. serve: the embedded tiny model served on CPU through ``sglang_kimi.launcher.server.start_server`` with
    ``--attention-backend kimi_cpu``, one server at a time: autoregressive, DFLASH chain, DFLASH tree (budget 16),
    EAGLE3 tree (4 steps, top-k 4, 12 draft tokens); 3 GSM8K prompts x 32 greedy tokens each. Every speculative
    output must equal the autoregressive one token for token, and ``/server_info``
@@ -344,7 +344,7 @@ def step_tests(version: str, env: dict[str, str], logs: Path, cwd: Path) -> dict
         f"--junitxml={junit}",
         "tests/unit/test_plugin.py",
     ]
-    from sglang_kimi.cli.server import SHIMS_DIR, shims_needed
+    from sglang_kimi.launcher.server import SHIMS_DIR, shims_needed
 
     if "torchvision" in shims_needed():  # SGLang 0.5.20 imports torchvision with the package itself
         env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(SHIMS_DIR)]))  # after: a real one wins
@@ -424,7 +424,7 @@ def log_errors(log_path: Path) -> list[str]:
 def serve_one(mode: str, args: list[str], version: str, logs: Path, prompts: list[str]) -> dict:
     import requests
 
-    from sglang_kimi.cli.server import ANY_PORT, LaunchError, start_server
+    from sglang_kimi.launcher.server import ANY_PORT, LaunchError, start_server
 
     log_path = logs / f"serve-{mode}.log"
     problems: list[str] = []

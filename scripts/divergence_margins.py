@@ -34,8 +34,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from sglang_kimi.assets import TINY_MODEL  # noqa: E402
 from sglang_kimi.cli.demo import gsm8k_prompt, load_questions  # noqa: E402
-from sglang_kimi.cli.server import TINY_MODEL  # noqa: E402
 
 
 @dataclass

@@ -50,7 +50,7 @@ if ! PYTHONPATH=$SITE python3 -c "import IPython.display" 2>/dev/null; then  # n
     SITE=$SITE:$PWD/scripts/gpu_shims
 fi
 python3 -c "import sglang, sglang_kimi; print('sglang', sglang.__version__, 'sglang_kimi', sglang_kimi.__version__)" 2>&1 | tail -2
-SHIMS=$(python3 -c "import sglang_kimi.cli.server as s; print(s.SHIMS_DIR)")
+SHIMS=$(python3 -c "import sglang_kimi.launcher.server as s; print(s.SHIMS_DIR)")
 
 if want pytest; then
     step "pytest ${PYTEST_PATHS:-tests/gpu}"

@@ -153,7 +153,7 @@ class Record:
 
 
 def spec_metrics(url: str) -> dict:
-    from sglang_kimi.cli.server import fetch_plugin_state
+    from sglang_kimi.launcher.server import fetch_plugin_state
 
     return fetch_plugin_state(url).get("spec_metrics") or {}
 
@@ -304,7 +304,7 @@ def run(opts, settings: Settings, steps: list[Step]) -> int:
     from contextlib import ExitStack
 
     from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
-    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command
+    from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, launch_command
 
     opts.out.mkdir(parents=True, exist_ok=True)
     prompts = [gsm8k_prompt(q) for q in load_questions()]

@@ -39,7 +39,7 @@ from pathlib import Path
 import requests
 
 from sglang_kimi.cli.demo import gsm8k_prompt, load_questions, mode_args
-from sglang_kimi.cli.server import ANY_PORT, fetch_plugin_state, start_server
+from sglang_kimi.launcher.server import ANY_PORT, fetch_plugin_state, start_server
 
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.3"]
 # the profiled requests' length: a server with CUDA graphs still decodes them 1 s in (they are aborted after the

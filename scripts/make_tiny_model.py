@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Train the embedded tiny Kimi-K2.6 model on GSM8K text and write it in Kimi's checkpoint format.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--out", type=Path, default=tiny.TINY_MODEL_DIR, help="output directory (replaced)")
+    ap.add_argument("--out", type=Path, default=tiny.TINY_MODEL, help="output directory (replaced)")
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="folder with GSM8K train/test.jsonl")
     ap.add_argument("--steps", type=int, default=1150, help="optimizer steps")
     ap.add_argument("--seed", type=int, default=0, help="seed for data order, init and vision weights")

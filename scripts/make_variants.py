@@ -25,11 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sglang_kimi.assets import TINY_MODEL  # noqa: E402
 from sglang_kimi.models.quant import formats  # noqa: E402
-from sglang_kimi.models.tiny import TINY_MODEL_DIR  # noqa: E402
 
 
-def make_variants(out: Path, names=tuple(formats.VARIANTS), source: Path = TINY_MODEL_DIR, reference: bool = False):
+def make_variants(out: Path, names=tuple(formats.VARIANTS), source: Path = TINY_MODEL, reference: bool = False):
     """Write each variant of ``source`` under ``out/<name>`` (and ``out/<name>-reference``); returns the paths."""
     paths = {}
     for name in names:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder that receives one sub-folder per format")
     parser.add_argument("--variants", nargs="+", choices=sorted(formats.VARIANTS), default=list(formats.VARIANTS))
-    parser.add_argument("--source", type=Path, default=TINY_MODEL_DIR, help="bf16 Kimi checkpoint to convert")
+    parser.add_argument("--source", type=Path, default=TINY_MODEL, help="bf16 Kimi checkpoint to convert")
     parser.add_argument("--reference", action="store_true", help="also write the dequantized float32 references")
     args = parser.parse_args(argv)
     for name, path in make_variants(args.out, args.variants, args.source, args.reference).items():

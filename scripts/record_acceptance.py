@@ -52,10 +52,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sglang_kimi.assets import ASSETS_DIR, TINY_EAGLE3
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "data" / "acceptance_traces.json"
 FORMAT = "sglang-kimi-acceptance-traces/1"
-ASSETS = REPO / "sglang_kimi" / "assets"
 SERVER_ARGS = ["--attention-backend", "kimi_cpu", "--max-total-tokens", "16384"]
 TREE_BUDGETS = (2, 4, 8, 16, 32)
 
@@ -65,7 +66,7 @@ def configurations() -> dict[str, dict]:
     the chain's first draft), for both DFlash drafters; EAGLE3 as a chain of 7 steps."""
     out = {}
     for drafter, folder in (("matched", "tiny-kimi-k2.6-dflash"), ("mismatched", "tiny-kimi-k2.5-dflash")):
-        spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(ASSETS / folder)]
+        spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(ASSETS_DIR / folder)]
         out[f"{drafter}/dflash-chain"] = {"family": "chain", "width": 7, "args": spec}
         for budget in TREE_BUDGETS:
             out[f"{drafter}/dflash-tree-{budget}"] = {
@@ -73,7 +74,7 @@ def configurations() -> dict[str, dict]:
                 "width": budget,
                 "args": spec + ["--speculative-dflash-tree-budget", str(budget)],
             }
-    eagle3 = ASSETS / "tiny-kimi-k2.6-eagle3"
+    eagle3 = TINY_EAGLE3
     out["eagle3/chain"] = {
         "family": "chain",
         "width": 7,
@@ -207,9 +208,9 @@ def main() -> int:
         configs = {n: configs[n] for n in names}
 
     from sglang_kimi.cli.demo import gsm8k_prompt
-    from sglang_kimi.cli.server import ANY_PORT, ServerProcess, launch_command, sglang_version
     from sglang_kimi.evals.bench import gsm8k_questions
-    from sglang_kimi.options import ACCEPTANCE_TRACE_ENV
+    from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, launch_command, sglang_version
+    from sglang_kimi.settings import ACCEPTANCE_TRACE_ENV
 
     prompts = [gsm8k_prompt(q) for q in gsm8k_questions(str(REPO / "data" / "gsm8k"))[: args.prompts]]
     data = json.loads(args.out.read_text()) if args.out.exists() and args.only else {}

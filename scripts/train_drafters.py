@@ -44,6 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _drafter_common as common
 
+from sglang_kimi.assets import ASSETS_DIR
 from sglang_kimi.models import tiny
 from sglang_kimi.speculators import configs
 from sglang_kimi.speculators.reference import dflash, eagle3
@@ -51,7 +52,6 @@ from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.loop import ChainProposer, EagleProposer, generate
 
 REPO = common.REPO
-ASSETS = REPO / "sglang_kimi" / "assets"
 FEATURE_LAYERS = (1, 2, 3, 4, 5)  # stored layer outputs; 5 (the last) only feeds the teacher logits
 
 
@@ -492,7 +492,7 @@ def main() -> None:
     ap.add_argument("--eagle-lr", type=float, default=2e-3)
     ap.add_argument("--draft-vocab", type=int, default=1024)
     ap.add_argument("--ttt", type=int, default=5, help="EAGLE3 training-time-test unroll (the tree depth)")
-    ap.add_argument("--out-dir", type=Path, default=ASSETS, help="parent folder of the two drafter folders")
+    ap.add_argument("--out-dir", type=Path, default=ASSETS_DIR, help="parent folder of the two drafter folders")
     ap.add_argument("--data-cache", type=Path, help="reuse / write the regenerated text here (.pt)")
     ap.add_argument("--report", type=Path, default=REPO / "bench" / "results" / "bench_tau_training.json")
     ap.add_argument("--tau-prompts", type=int, default=5)
@@ -513,13 +513,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR)
+    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL)
     for p in target.parameters():
         p.requires_grad_(False)
     train_target = perturbed(target, args.perturb_target, args.seed) if args.perturb_target else target
     tokenizer = common.load_tokenizer()
     names = [args.only] if args.only else ["dflash", "eagle3"]
-    report: dict = {"target": str(tiny.TINY_MODEL_DIR.relative_to(REPO))}
+    report: dict = {"target": str(tiny.TINY_MODEL.relative_to(REPO))}
 
     t0 = time.time()
     if args.data_cache and args.data_cache.exists():

@@ -21,9 +21,9 @@ from sglang_kimi.hardening.registrations import ENTRIES as HARDENING_ENTRIES
 from sglang_kimi.hooks import ALWAYS, CPU_ONLY, CUDA_STAND_IN, Entry
 from sglang_kimi.log import logger
 from sglang_kimi.models.registrations import ENTRIES as MODEL_ENTRIES
-from sglang_kimi.options import HARDENING_ENV
 from sglang_kimi.platform.capabilities import cuda_without_sgl_kernel
 from sglang_kimi.platform.registrations import ENTRIES as PLATFORM_ENTRIES
+from sglang_kimi.settings import HARDENING_ENV
 from sglang_kimi.speculative.registrations import ENTRIES as SPECULATIVE_ENTRIES
 from sglang_kimi.version import SUPPORTED_SGLANG, __version__, sglang_at_least, version_in_range
 
@@ -46,13 +46,13 @@ PLUGIN_ENTRIES: tuple[Entry, ...] = (
     Entry(
         "plugin-flags",
         "sglang.srt.server_args.ServerArgs.add_cli_args",
-        "sglang_kimi.flags:install_flag_help",
+        "sglang_kimi.parser_flags:install_flag_help",
         "adds the plugin's server flags (--speculative-dflash-tree-budget, ...) to `launch_server --help`",
     ),
     Entry(
         "plugin-flags-parse",
         "sglang.srt.server_args.ServerArgs.from_cli_args",
-        "sglang_kimi.flags:install_flag_parse",
+        "sglang_kimi.parser_flags:install_flag_parse",
         "keeps the plugin flags' values on the server args (as bookkeeping SGLang pickles into its subprocesses)",
     ),
 )

@@ -16,8 +16,8 @@ from sglang_kimi.hooks import hook
 def plugin_report(server_args) -> dict:
     from sglang_kimi.models.cost_probe import snapshot as cost_probe_snapshot
     from sglang_kimi.models.kv_scales import snapshot as kv_scales_snapshot
-    from sglang_kimi.options import plugin_args
     from sglang_kimi.plugin import registration_state
+    from sglang_kimi.settings import plugin_args
     from sglang_kimi.speculative.adaptive.runtime import current_snapshot as adaptive_snapshot
     from sglang_kimi.speculative.metrics import current_snapshot
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.cli.server import (
+from sglang_kimi.assets import ASSETS_DIR, DEMO_QUESTIONS
+from sglang_kimi.launcher.server import (
     ANY_PORT,
-    ASSETS_DIR,
     TINY_DFLASH,
     TINY_EAGLE3,
     LaunchError,
@@ -30,7 +30,6 @@ from sglang_kimi.cli.server import (
     start_server,
 )
 
-DEMO_QUESTIONS = ASSETS_DIR / "gsm8k_demo.jsonl"
 STOP = ["Question:", "\n\n"]
 
 

@@ -9,7 +9,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 
-from sglang_kimi.cli.server import SGLANG_INSTALL_HINT, TINY_MODEL, has_gpu, sglang_env
+from sglang_kimi.assets import TINY_MODEL
+from sglang_kimi.launcher.server import SGLANG_INSTALL_HINT, has_gpu, sglang_env
 from sglang_kimi.version import SUPPORTED_SGLANG, __version__
 
 PACKAGES = ("sglang", "torch", "triton", "transformers", "amd-aiter", "lm-eval")
@@ -178,7 +179,7 @@ def entry_point_problems(group: str = PLUGIN_GROUP) -> list[str]:
 
 
 def collect(model_path: str | None = None, strict: bool = False) -> dict:
-    from sglang_kimi.environment import EnvironmentSettingError, check_environment
+    from sglang_kimi.environment_check import EnvironmentSettingError, check_environment
     from sglang_kimi.plugin import AREA_OF, REGISTRATIONS
     from sglang_kimi.version import version_in_range
 

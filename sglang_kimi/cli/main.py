@@ -11,6 +11,7 @@ import signal
 import sys
 
 from sglang_kimi.cli.demo import MODES, load_questions
+from sglang_kimi.errors import command_failed
 from sglang_kimi.version import __version__
 
 SERVE_EPILOG = """\
@@ -50,7 +51,7 @@ def _count(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    from sglang_kimi.cli.launch_checks import LaunchError, port_number
+    from sglang_kimi.launcher.checks import LaunchError, port_number
 
     try:
         return port_number(text)
@@ -58,19 +59,14 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--port ")) from None
 
 
-def _fail(message: str, code: int = 2) -> int:
-    print(f"sglang-kimi: error: {message}", file=sys.stderr)
-    return code
-
-
 def cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
-    from sglang_kimi.cli.server import LaunchError, ServerProcess, launch_command, require_sglang
+    from sglang_kimi.launcher.server import LaunchError, ServerProcess, launch_command, require_sglang
 
     try:
         require_sglang(args.allow_untested_sglang)
         spec = launch_command(sglang_args)
     except LaunchError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
     mode = "CPU (shims: " + (", ".join(spec.shims) or "none") + ")" if spec.cpu else "GPU"
     print(f"sglang-kimi {__version__}: starting SGLang on {mode} at {spec.base_url}", flush=True)
     print("  " + " ".join(spec.argv[1:]), flush=True)
@@ -85,12 +81,12 @@ def cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from sglang_kimi.cli.demo import run_demo
-    from sglang_kimi.cli.server import LaunchError
+    from sglang_kimi.launcher.server import LaunchError
 
     try:
         return run_demo(args)
     except LaunchError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
     except KeyboardInterrupt:
         print("\ninterrupted: the server was stopped", file=sys.stderr)
         return 130
@@ -108,7 +104,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         path = run_tune_moe(args)
     except TuneError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
     print(f"wrote {path}")
     return 0
 
@@ -119,7 +115,7 @@ def cmd_calibrate_kv(args: argparse.Namespace) -> int:
     try:
         return run_calibrate_kv(args)
     except CalibrationError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_calibrate_kv_parser(sub)
 
-    from sglang_kimi.evals.cli import add_bench_parser, add_eval_parser
+    from sglang_kimi.evals.parsers import add_bench_parser, add_eval_parser
 
     add_eval_parser(sub)
     add_bench_parser(sub)
@@ -263,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "calibrate-kv":
         return cmd_calibrate_kv(args)
     if args.command in ("eval", "bench"):
-        from sglang_kimi.evals.cli import cmd_bench, cmd_eval
+        from sglang_kimi.evals.parsers import cmd_bench, cmd_eval
 
         return cmd_eval(args) if args.command == "eval" else cmd_bench(args)
     parser.print_help()

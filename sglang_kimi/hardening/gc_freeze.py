@@ -10,8 +10,8 @@ warmup waits, for the server's port to accept connections; then SGLang's functio
 
 from __future__ import annotations
 
-from sglang_kimi.cli.launch_checks import wait_until_listening
 from sglang_kimi.hooks import hook
+from sglang_kimi.launcher.checks import wait_until_listening
 
 WAIT_S = 120.0  # as long as SGLang's warmup polls /model_info
 

@@ -42,7 +42,7 @@ class ForwardClock:
     def __init__(self) -> None:
         self._cells: dict[tuple[str, str], list[float]] = {}
         self._lock = threading.Lock()
-        self.device: str | None = None  # the profile's device name (adaptive/profile.device_name) of the forwards
+        self.device: str | None = None  # the profile's device name (platform/capabilities.device_name) of the forwards
 
     def add(self, role: str, mode: str, seconds: float) -> None:
         with self._lock:
@@ -107,7 +107,7 @@ def _timed_forward(original, runner, forward_batch, *args, **kwargs):
         return original(runner, forward_batch, *args, **kwargs)
     model_runner = getattr(runner, "model_runner", runner)  # a graph runner's model runner
     if forward_clock.device is None:
-        from sglang_kimi.speculative.adaptive.profile import device_name
+        from sglang_kimi.platform.capabilities import device_name
 
         forward_clock.device = device_name(model_runner.device)
     _synchronize(model_runner.device)

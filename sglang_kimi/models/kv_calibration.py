@@ -23,8 +23,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from sglang_kimi.cli.api_key import HELP as API_KEY_HELP
-from sglang_kimi.cli.api_key import auth_headers, use_api_key
+from sglang_kimi.launcher.api_key import HELP as API_KEY_HELP
+from sglang_kimi.launcher.api_key import auth_headers, use_api_key
 from sglang_kimi.models.kv_scales import DRAFT, ENV, FORMAT, TARGET, LayerScale, ScaleRule, scales_document
 
 
@@ -55,9 +55,9 @@ def calibration_prompts(data_dir: str | Path | None, limit: int) -> list[str]:
 
 def server_kv_state(base_url: str) -> dict:
     """The plugin's KV scale state from the server's ``/server_info``, over all its data-parallel ranks."""
-    from sglang_kimi.cli.dp_reports import merged_report
     from sglang_kimi.evals.errors import EvalError
     from sglang_kimi.evals.servers import get_json
+    from sglang_kimi.launcher.dp_reports import merged_report
 
     try:
         state = merged_report(get_json(base_url, "/server_info", 30, fix="start one or fix --base-url"))

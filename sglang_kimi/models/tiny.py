@@ -8,7 +8,7 @@ MoonViT ``vision_config``; weight names are those of the real checkpoint (``lang
 
 Two ways to run the text model in PyTorch:
 
-- ``CompactDeepseekV3.from_pretrained(TINY_MODEL_DIR)`` (:mod:`sglang_kimi.speculators.reference.deepseek_v3`, a
+- ``CompactDeepseekV3.from_pretrained(TINY_MODEL)`` (:mod:`sglang_kimi.speculators.reference.deepseek_v3`, a
   repository module the wheel does not ship, hence not imported here): the compact implementation (experts
   batched, explicit positions / masks / KV cache), used for training, feature extraction and the reference decode
   loop; ``tests/unit/test_tiny_model.py`` checks its logits against the HF reference.
@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.speculators.reference.deepseek_v3 import TEXT_PREFIX  # the checkpoint format's text prefix
-
-TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-kimi-k2.6"
 
 # Vocabulary: byte-level BPE ids 0..3839, then 256 specials laid out like Kimi's (163584 + offset).
 VOCAB_SIZE = 4096
@@ -262,7 +261,7 @@ def checkpoint_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def hf_text_config(path: str | Path = TINY_MODEL_DIR):
+def hf_text_config(path: str | Path = TINY_MODEL):
     """transformers' DeepseekV3Config for the text model (rope_scaling becomes rope_parameters in v5)."""
     from transformers import DeepseekV3Config
 
@@ -272,7 +271,7 @@ def hf_text_config(path: str | Path = TINY_MODEL_DIR):
     return DeepseekV3Config(**t)
 
 
-def load_hf_reference(path: str | Path = TINY_MODEL_DIR, dtype: torch.dtype = torch.float32):
+def load_hf_reference(path: str | Path = TINY_MODEL, dtype: torch.dtype = torch.float32):
     """(transformers ``DeepseekV3ForCausalLM``, ``PreTrainedTokenizerFast``) with the tiny model's text weights.
 
     Weights are read from the Kimi-format checkpoint (``language_model.`` prefix stripped) and the per-expert

@@ -5,13 +5,13 @@ detail."""
 from sglang_kimi.hooks import CPU_ONLY, CUDA_STAND_IN, Entry
 
 _CPU = "sglang_kimi.platform.cpu"
-_STAND_IN = "sglang_kimi.platform.cuda_stand_in.sglang_fixes"
+_STAND_IN = "sglang_kimi.platform.cuda_stand_in.missing_ops"
 
 ENTRIES: tuple[Entry, ...] = (
     Entry(
         "cpu-absorbed-mla",
         "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry",
-        f"{_CPU}.sglang_fixes:install_absorbed_mla_handler",
+        f"{_CPU}.cpu_path_fixes:install_absorbed_mla_handler",
         "upstream bug: torch_native's MLA prefill attends over the latent pool (wrong logits); run absorbed MLA",
         when=CPU_ONLY,
     ),
@@ -32,21 +32,21 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "cpu-tree-mask-mode",
         "sglang.srt.speculative.eagle_utils.default_tree_mask_mode",
-        f"{_CPU}.sglang_fixes:install_tree_mask_mode",
+        f"{_CPU}.cpu_path_fixes:install_tree_mask_mode",
         "upstream bug: on any CPU the EAGLE tree mask takes intel_amx's layout; pick it by the verify backend",
         when=CPU_ONLY,
     ),
     Entry(
         "cpu-dflash-allowed",
         "sglang.srt.arg_groups.speculative_hook._handle_dflash",
-        f"{_CPU}.sglang_fixes:install_dflash_on_cpu",
+        f"{_CPU}.cpu_path_fixes:install_dflash_on_cpu",
         "upstream bug: DFLASH is refused on device cpu although its worker has torch paths for every step",
         when=CPU_ONLY,
     ),
     Entry(
         "cpu-eagle3-mla-embed",
         "sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM.set_embed",
-        f"{_CPU}.sglang_fixes:install_eagle3_mla_embed_on_cpu",
+        f"{_CPU}.cpu_path_fixes:install_eagle3_mla_embed_on_cpu",
         "upstream bug: the MLA EAGLE3 drafter synchronises CUDA when it takes the target's embedding (fails on CPU)",
         when=CPU_ONLY,
         hooks=("sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM.set_embed_and_head",),
@@ -54,7 +54,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "cpu-simulated-routing",
         "sglang.srt.layers.moe.topk._simulate_balanced_routing",
-        f"{_CPU}.sglang_fixes:install_simulated_routing_on_cpu",
+        f"{_CPU}.cpu_path_fixes:install_simulated_routing_on_cpu",
         "upstream gap: SGLANG_SIMULATE_UNIFORM_EXPERTS (benchmark MoE routing) is a Triton kernel; on CPU, torch",
         when=CPU_ONLY,
         since=(0, 5, 23),  # num_ranks, num_token_non_padded and weight_scale arrived there
@@ -131,28 +131,28 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "cpu-dflash-record-stream",
         "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
-        f"{_CPU}.sglang_fixes:install_dflash_record_stream_guard",
+        f"{_CPU}.cpu_path_fixes:install_dflash_record_stream_guard",
         "upstream bug: DFlashWorkerV2 calls record_stream on CPU tensors (RuntimeError)",
         when=CPU_ONLY,
     ),
     Entry(
         "cpu-future-map-record-stream",
         "sglang.srt.managers.overlap_utils.FutureMap._resolve_spec_extras",
-        f"{_CPU}.sglang_fixes:install_dflash_record_stream_guard",
+        f"{_CPU}.cpu_path_fixes:install_dflash_record_stream_guard",
         "SGLang 0.5.20-0.5.21: the overlap scheduler calls record_stream on CPU tensors at the first DFLASH decode",
         when=CPU_ONLY,
     ),
     Entry(
         "cpu-no-triton",
         "sglang.srt.utils.common.support_triton",
-        f"{_CPU}.sglang_fixes:install_no_triton_for_kimi_cpu",
+        f"{_CPU}.cpu_path_fixes:install_no_triton_for_kimi_cpu",
         "SGLang 0.5.20-0.5.21: kimi_cpu's KV-index writes would launch Triton kernels on CPU",
         when=CPU_ONLY,
     ),
     Entry(
         "cpu-dflash-draft-rope",
         "sglang.srt.models.dflash.DFlashAttention.__init__",
-        f"{_CPU}.sglang_fixes:install_dflash_draft_torch_rope",
+        f"{_CPU}.cpu_path_fixes:install_dflash_draft_torch_rope",
         "upstream bug: a bfloat16 DFLASH drafter runs its rope as a Triton kernel on CPU too; take the torch path",
         when=CPU_ONLY,
         reads=("sglang.srt.models.dflash.apply_qk_norm",),

@@ -7,7 +7,7 @@ From ``histogram[a]`` (steps that accepted ``a`` drafts):
 
 and from ``accepted[d]`` / ``drafted[d]`` (steps that accepted at least / drafted position ``d``) the rate at ``d``.
 Counted by :class:`sglang_kimi.speculative.metrics.AcceptanceStats`, merged over ranks by
-:mod:`sglang_kimi.cli.dp_reports`,
+:mod:`sglang_kimi.launcher.dp_reports`,
 differenced per benchmark level by ``evals.acceptance``.
 """
 

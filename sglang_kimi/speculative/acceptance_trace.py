@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from sglang_kimi.options import ACCEPTANCE_TRACE_ENV
+from sglang_kimi.settings import ACCEPTANCE_TRACE_ENV
 
 
 def trace_file() -> str | None:

@@ -2,14 +2,14 @@
 own loader, the pairing (``speculators.pairing.validate_pair``: algorithm, vocab, hidden size, layer ids, mask
 token, block size; a drafter trained for another Kimi release or quantization is logged, not refused) and the
 checkpoint's tensor names (a local folder, the Hugging Face cache, or the hub's safetensors headers). Each problem
-is one :class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix."""
+is one :class:`~sglang_kimi.errors.SpeculativeConfigError` naming the values and the fix."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.errors import SpeculativeConfigError
 
 logger = logging.getLogger("sglang_kimi")
 
@@ -65,7 +65,7 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
 def _hub_tensor_names(repo_id: str, revision: str | None) -> list[str] | None:
     """A hub checkpoint's tensor names from its safetensors headers, fetched alone (HTTP range requests, no tensor
     data); None when the hub cannot say (offline, unreachable, private, no safetensors)."""
-    from sglang_kimi.cli.launch_checks import hub_offline, modelscope
+    from sglang_kimi.launcher.checks import hub_offline, modelscope
 
     if hub_offline() or modelscope():
         return None

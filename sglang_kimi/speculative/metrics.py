@@ -121,7 +121,7 @@ def stats_for(reporter) -> AcceptanceStats:
     if _stats is None:
         from sglang.srt.runtime_context import get_spec
 
-        from sglang_kimi.options import plugin_args
+        from sglang_kimi.settings import plugin_args
 
         _stats = AcceptanceStats(
             max_draft_depth(get_spec(), plugin_args(reporter.scheduler.server_args)),

@@ -5,7 +5,7 @@ The drafter against the target (``drafter_checks``: the draft path, the pairing 
 tree budget, the EAGLE draft shape flags, relaxed acceptance thresholds where they would not be applied, speculative
 flags SGLang would not read, the KV scale setting, and that the attention backends can serve the mode (on CPU, the
 draft worker's too, and ``triton`` only under Triton's interpreter, for every launch). Each problem is one
-:class:`~sglang_kimi.options.SpeculativeConfigError` naming the values and the fix. In tree mode the verify window
+:class:`~sglang_kimi.errors.SpeculativeConfigError` naming the values and the fix. In tree mode the verify window
 is sized here.
 """
 
@@ -15,10 +15,12 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from sglang_kimi.environment import check_environment
+from sglang_kimi.environment_check import check_environment
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.hooks import hook
 from sglang_kimi.models import kv_scales
-from sglang_kimi.options import (
+from sglang_kimi.platform.cpu import KIMI_CPU_BACKEND
+from sglang_kimi.settings import (
     ADAPTIVE_CONFIG_FLAG,
     ADAPTIVE_FLAG,
     ADAPTIVE_PROFILE_FLAG,
@@ -28,11 +30,9 @@ from sglang_kimi.options import (
     STATIC_TREE_BACKENDS,
     TREE_BUDGET_FLAG,
     TREE_MASK_BACKENDS,
-    SpeculativeConfigError,
     debug_greedy_verify,
     plugin_args,
 )
-from sglang_kimi.platform.cpu import KIMI_CPU_BACKEND
 from sglang_kimi.speculative import drafter_checks
 from sglang_kimi.version import sglang_at_least
 

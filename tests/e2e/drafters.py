@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sglang_kimi.cli.server import TINY_MODEL
+from sglang_kimi.assets import TINY_MODEL
 
 MASK_TOKEN = "[UNK]"  # sglang_kimi.models.tiny.MASK_TOKEN_ID
 MASK_TOKEN_ID = 4094

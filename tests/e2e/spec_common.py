@@ -18,25 +18,23 @@ from pathlib import Path
 import requests
 import torch
 
-from sglang_kimi.cli.server import ASSETS_DIR
-
 REPO = Path(__file__).resolve().parents[2]
 from support.data import GSM8K_DIR  # noqa: E402
 from support.servers import server_config  # noqa: E402
 from support.stats import uniform_pvalue  # noqa: E402
 
-TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
-TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3  # noqa: E402
+
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
 MAX_NEW_TOKENS = 64
 # The tree configurations served by several modules, on one server each for the whole session (shared_tree_server)
 DFLASH_TREE = [
-    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
+    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH),
     "--speculative-dflash-tree-budget", "32",
     "--enable-custom-logit-processor",  # test_reliability's matrix and test_cpu_spec_decoding send processors
 ]  # fmt: skip
 EAGLE3_TREE = [
-    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
     "--enable-custom-logit-processor",
 ]  # fmt: skip
@@ -178,10 +176,10 @@ def _reference_models():
     from sglang_kimi.speculators.reference.dflash import DFlashDrafter
     from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter
 
-    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)
-    dflash = DFlashDrafter.from_pretrained(TRAINED_DFLASH, dtype=torch.float32)
+    target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL, dtype=torch.float32)
+    dflash = DFlashDrafter.from_pretrained(TINY_DFLASH, dtype=torch.float32)
     dflash.attach_target(target.embed_tokens.weight, target.lm_head.weight)
-    eagle = Eagle3Drafter.from_pretrained(TRAINED_EAGLE3, dtype=torch.float32)
+    eagle = Eagle3Drafter.from_pretrained(TINY_EAGLE3, dtype=torch.float32)
     eagle.attach_target(target.embed_tokens.weight)
     return target, dflash, eagle
 

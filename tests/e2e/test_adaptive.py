@@ -26,8 +26,8 @@ import requests
 from spec_common import (
     KIMI_CPU,
     TINY,
-    TRAINED_DFLASH,
-    TRAINED_EAGLE3,
+    TINY_DFLASH,
+    TINY_EAGLE3,
     check_greedy_parity,
     greedy_reference,
     gsm8k_prompts,
@@ -43,8 +43,8 @@ NUM_PROMPTS = 6
 FORCED_SWITCHING = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 4, 8],
                     "initial_width": 1}  # fmt: skip
 SPECULATORS = {
-    "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)],
-    "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+    "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)],
+    "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
                      "--speculative-num-steps", "4"],
 }  # fmt: skip
 # a profile left by another setup (another GPU, TP 8): must be reported and replaced, never used

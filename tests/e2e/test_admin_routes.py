@@ -25,7 +25,7 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TINY, TRAINED_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
+from spec_common import KIMI_CPU, TINY, TINY_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
 from support.servers import launch, server_config
 
 from sglang_kimi.models import tiny
@@ -33,7 +33,7 @@ from sglang_kimi.models import tiny
 pytestmark = pytest.mark.e2e
 
 TREE = KIMI_CPU + [
-    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH),
+    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH),
     "--speculative-dflash-tree-budget", "16",
 ]  # fmt: skip
 IN_FLIGHT = 6
@@ -56,7 +56,7 @@ def tree_server(request, server_pool):
 def other_checkpoint(tmp_path_factory):
     """The tiny model with every weight matrix moved by 30% of its spread (norms kept): another model, same shapes."""
     folder = tmp_path_factory.mktemp("other") / "tiny-kimi-k2.6-other"
-    shutil.copytree(tiny.TINY_MODEL_DIR, folder)
+    shutil.copytree(tiny.TINY_MODEL, folder)
     weights = folder / "model.safetensors"
     gen = torch.Generator().manual_seed(0)
     moved = {}
@@ -155,8 +155,8 @@ def test_updated_weights_serve_the_new_model(tree_server, tiny_server, other_che
     assert "is not a folder on the server" in refused.json()["message"], refused.text
     assert outputs(url, prompts) == original
     # a checkpoint that fails partway (the drafter's: names the target lacks) ended the scheduler in SGLang
-    refused = admin(url, "/update_weights_from_disk", {"model_path": str(TRAINED_DFLASH)})
-    assert refused.status_code == 400 and str(TRAINED_DFLASH) in refused.json()["message"], refused.text
+    refused = admin(url, "/update_weights_from_disk", {"model_path": str(TINY_DFLASH)})
+    assert refused.status_code == 400 and str(TINY_DFLASH) in refused.json()["message"], refused.text
     assert "loaded again" in refused.json()["message"]
     assert outputs(url, prompts) == original
 
@@ -165,7 +165,7 @@ def test_updated_weights_serve_the_new_model(tree_server, tiny_server, other_che
     assert outputs(url, prompts) == other
 
     # a relative path means what it means to the caller: the server runs in the directory it was started from
-    restored = admin(url, "/update_weights_from_disk", {"model_path": os.path.relpath(tiny.TINY_MODEL_DIR)})
+    restored = admin(url, "/update_weights_from_disk", {"model_path": os.path.relpath(tiny.TINY_MODEL)})
     assert restored.status_code == 200 and restored.json()["success"], restored.text
     assert outputs(url, prompts) == original
 
@@ -181,7 +181,7 @@ def test_an_update_sent_while_a_request_decodes_is_not_refused(tree_server, tiny
         request = threading.Thread(target=lambda: answered.append(generate(url, prompt, 32, ignore_eos=True)))
         request.start()
         time.sleep(0.1)
-        answer = admin(url, "/update_weights_from_disk", {"model_path": str(tiny.TINY_MODEL_DIR)})
+        answer = admin(url, "/update_weights_from_disk", {"model_path": str(tiny.TINY_MODEL)})
         request.join(600)
         if answer.status_code != 200:
             refused.append((i, answer.text))

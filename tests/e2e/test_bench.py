@@ -8,15 +8,14 @@ import pytest
 from spec_common import TINY
 from support.data import GSM8K_DIR
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.cli import main as cli
-from sglang_kimi.cli.server import ASSETS_DIR
 
 pytestmark = pytest.mark.e2e
 SERVERS = [TINY]
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = GSM8K_DIR
-TRAINED_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -40,7 +39,7 @@ def _check_level(level: dict, concurrency: int, prompts: int, output_len: int) -
 
 
 def test_bench_dflash_side_by_side_with_the_plain_model(tiny_server, tmp_path, capsys):
-    drafter = TRAINED_DFLASH
+    drafter = TINY_DFLASH
     server_args = (
         f"--attention-backend kimi_cpu --speculative-algorithm DFLASH --speculative-draft-model-path {drafter}"
     )

@@ -10,7 +10,7 @@ import pytest
 from spec_common import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts
 from support.servers import server_config
 
-from sglang_kimi.cli.server import fetch_plugin_state
+from sglang_kimi.launcher.server import fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
 

@@ -56,8 +56,8 @@ from spec_common import (
     SAMPLED_CONCURRENCY,
     SHARED_TREES,
     TINY,
-    TRAINED_DFLASH,
-    TRAINED_EAGLE3,
+    TINY_DFLASH,
+    TINY_EAGLE3,
     TREE_SERVERS,
     check_greedy_parity,
     conditionals,
@@ -77,7 +77,7 @@ from spec_common import (
 from support.processors import serialized
 from support.servers import server_config
 
-from sglang_kimi.cli.server import (
+from sglang_kimi.launcher.server import (
     fetch_plugin_state,
 )
 
@@ -92,14 +92,14 @@ DFLASH = [
     "--speculative-algorithm",
     "DFLASH",
     "--speculative-draft-model-path",
-    str(TRAINED_DFLASH),
+    str(TINY_DFLASH),
     "--enable-custom-logit-processor",
 ]
 EAGLE3 = [
     "--speculative-algorithm",
     "EAGLE3",
     "--speculative-draft-model-path",
-    str(TRAINED_EAGLE3),
+    str(TINY_EAGLE3),
     "--enable-custom-logit-processor",
 ]
 

@@ -17,8 +17,9 @@ import torch
 from spec_common import TINY
 from support.servers import server_config
 
+from sglang_kimi.assets import TINY_EAGLE3
 from sglang_kimi.cli.demo import mode_args
-from sglang_kimi.cli.server import ASSETS_DIR, fetch_plugin_state
+from sglang_kimi.launcher.server import fetch_plugin_state
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +28,6 @@ PROMPT = (
     "How many clips did Natalia sell altogether in April and May?\nAnswer:"
 )
 TOKENS = 16
-TRAINED_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"
 
 
 def generate(url: str, max_new_tokens: int = TOKENS) -> dict:
@@ -53,7 +53,7 @@ def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
 
 TREES = {
     # the path ``cpu-tree-mask-mode`` fixes (SGLang builds the mask)
-    "eagle3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TRAINED_EAGLE3),
+    "eagle3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
                     "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                     "--speculative-num-draft-tokens", "6"],
     # the plugin's DFLASH tree worker: its FULL_MASK, laid out from the verify batch's lengths, read by SGLang's

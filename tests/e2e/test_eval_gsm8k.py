@@ -18,9 +18,10 @@ from spec_common import TINY, TREE_SERVERS, shared_tree_server
 from support.data import GSM8K_DIR
 from support.fake_servers import serve
 
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.cli import main as cli
-from sglang_kimi.cli.server import ANY_PORT, TINY_MODEL, start_server
 from sglang_kimi.evals.servers import PROBE_TEXT
+from sglang_kimi.launcher.server import ANY_PORT, start_server
 
 pytestmark = pytest.mark.e2e
 SERVERS = [TINY, TREE_SERVERS["dflash-tree-32"]]

@@ -25,16 +25,16 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TINY, TRAINED_DFLASH, generate_all, gsm8k_prompts, spec_metrics
+from spec_common import KIMI_CPU, TINY, TINY_DFLASH, generate_all, gsm8k_prompts, spec_metrics
 from support.processes import children
 from support.servers import server_config
 
-from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
+from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 TREE = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"]
 
 
-def dflash_tree(drafter: Path = TRAINED_DFLASH) -> list[str]:
+def dflash_tree(drafter: Path = TINY_DFLASH) -> list[str]:
     return [*KIMI_CPU, *TREE, "--speculative-draft-model-path", str(drafter)]
 
 
@@ -76,7 +76,7 @@ def test_kv_pressure_retracts_and_keeps_greedy_parity(request, server_pool, tiny
 def nan_drafter(tmp_path_factory) -> Path:
     """The trained DFlash drafter with NaN in its context projection: every draft logit is NaN."""
     path = tmp_path_factory.mktemp("nan_drafter") / "tiny-kimi-k2.6-dflash-nan"
-    shutil.copytree(TRAINED_DFLASH, path)
+    shutil.copytree(TINY_DFLASH, path)
     weights = load_file(path / "model.safetensors")
     weights["fc.weight"] = torch.full_like(weights["fc.weight"], float("nan"))
     save_file(weights, path / "model.safetensors")

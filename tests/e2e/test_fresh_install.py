@@ -22,8 +22,8 @@ import requests
 from support.processes import children
 from support.wheel import build_wheel
 
-from sglang_kimi.cli.launch_checks import free_port
-from sglang_kimi.cli.server import LaunchSpec, ServerProcess, fetch_plugin_state, group_alive
+from sglang_kimi.launcher.checks import free_port
+from sglang_kimi.launcher.server import LaunchSpec, ServerProcess, fetch_plugin_state, group_alive
 
 pytestmark = pytest.mark.e2e
 

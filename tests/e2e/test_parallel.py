@@ -11,9 +11,9 @@ output must not depend on which widths ran. Its budgets 1 and 2 are chains of on
 the plain verify of the bonus token.
 
 At DP 2 each rank is a scheduler process serving its own requests with its own plugin counters: the DFLASH tree's
-greedy output equals TP 1's, and the plugin's report read from ``/server_info`` (``sglang_kimi.cli.dp_reports``) counts
-the steps of both ranks. At PP 2 (SGLang's DFLASH needs PP 1) the autoregressive greedy output equals TP 1's:
-the plugin's Kimi class keeps SGLang's pipeline-parallel forward."""
+greedy output equals TP 1's, and the plugin's report read from ``/server_info``
+(``sglang_kimi.launcher.dp_reports``) counts the steps of both ranks. At PP 2 (SGLang's DFLASH needs PP 1) the
+autoregressive greedy output equals TP 1's: the plugin's Kimi class keeps SGLang's pipeline-parallel forward."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from spec_common import (
     EAGLE3_TREE,
     KIMI_CPU,
     TINY,
-    TRAINED_DFLASH,
+    TINY_DFLASH,
     generate_all,
     gsm8k_prompts,
     sampled_pit_pvalue,
@@ -35,13 +35,13 @@ from spec_common import (
 from support.processes import cpu_seconds, titled
 from support.servers import server_config
 
-from sglang_kimi.cli.dp_reports import reports
-from sglang_kimi.cli.server import fetch_plugin_state, group_members
+from sglang_kimi.launcher.dp_reports import reports
+from sglang_kimi.launcher.server import fetch_plugin_state, group_members
 
 TP2 = ["--tp", "2"]
 PROMPTS = 3
 TOKENS = 32
-DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TRAINED_DFLASH)]
+DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
 CONFIGS = {
     "autoregressive": [],
     "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],

@@ -31,7 +31,7 @@ from spec_common import (
 )
 from support.servers import server_config
 
-from sglang_kimi.cli.server import TINY_MODEL
+from sglang_kimi.assets import TINY_MODEL
 
 VOCAB = 4096
 CONTEXT = 4096  # the tiny model's max_position_embeddings

@@ -13,7 +13,7 @@ from spec_common import TINY
 from support.processes import tagged
 from support.served_logprobs import compare_logprobs
 
-from sglang_kimi.cli.server import fetch_plugin_state
+from sglang_kimi.launcher.server import fetch_plugin_state
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
 
 pytestmark = pytest.mark.e2e

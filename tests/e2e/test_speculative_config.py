@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from drafters import write_dflash, write_eagle3
 
-from sglang_kimi.cli.server import ANY_PORT, TINY_MODEL, LaunchError, ServerProcess, launch_command, sglang_env
+from sglang_kimi.assets import TINY_MODEL
+from sglang_kimi.launcher.server import ANY_PORT, LaunchError, ServerProcess, launch_command, sglang_env
 
 pytestmark = pytest.mark.e2e
 

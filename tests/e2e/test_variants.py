@@ -26,11 +26,19 @@ import torch
 from support.data import GSM8K_DIR
 from support.served_logprobs import compare_logprobs
 
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.cli import main as cli
-from sglang_kimi.cli.server import ANY_PORT, LaunchError, ServerProcess, fetch_plugin_state, group_alive, launch_command
+from sglang_kimi.launcher.server import (
+    ANY_PORT,
+    LaunchError,
+    ServerProcess,
+    fetch_plugin_state,
+    group_alive,
+    launch_command,
+)
 from sglang_kimi.models import kv_calibration, kv_scales
 from sglang_kimi.models.quant import formats
-from sglang_kimi.models.tiny import TINY_MODEL_DIR, load_hf_reference
+from sglang_kimi.models.tiny import load_hf_reference
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +61,7 @@ FALLBACK_LOG = {
 @pytest.fixture(scope="module")
 def variant_servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("variants")
-    paths = {name: formats.write_named_variant(TINY_MODEL_DIR, root / name, name) for name in VARIANTS}
+    paths = {name: formats.write_named_variant(TINY_MODEL, root / name, name) for name in VARIANTS}
 
     def launch(name):
         spec = launch_command(["--model-path", str(paths[name])], port=ANY_PORT)

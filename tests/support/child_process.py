@@ -69,7 +69,7 @@ def run_file_in_interpreted_child(test_file: str, child_env: str) -> None:
     """The file's tests (``child_env=1`` selects them there) in a child process on SGLang's GPU code path, with the
     CPU shims and its Triton kernels under ``TRITON_INTERPRET=1``. Fails unless every child test passed and none was
     skipped."""
-    from sglang_kimi.cli.server import SHIMS_DIR
+    from sglang_kimi.launcher.server import SHIMS_DIR
 
     env = {"PYTHONPATH": str(SHIMS_DIR), child_env: "1", "TRITON_INTERPRET": "1"}
     rc, output = pytest_in_fresh_process(test_file, env, unset=("SGLANG_USE_CPU_ENGINE",))
@@ -100,7 +100,7 @@ class CpuSglangChild:
         assert not bad, f"{len(bad)} of {len(cases)} tests of {path.name} did not pass:\n{report[-9000:]}"
 
     def _run(self) -> None:
-        from sglang_kimi.cli.server import SHIMS_DIR
+        from sglang_kimi.launcher.server import SHIMS_DIR
 
         env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(SHIMS_DIR)}
         env |= {child_env: "1" for child_env in self._files.values()}

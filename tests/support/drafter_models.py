@@ -13,9 +13,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "drafters"
-ASSETS = REPO / "sglang_kimi" / "assets"
-DFLASH_ASSET = ASSETS / "tiny-kimi-k2.6-dflash"
-EAGLE3_ASSET = ASSETS / "tiny-kimi-k2.6-eagle3"
 ASSET_BUDGET_BYTES = 3 * 1024 * 1024
 
 if str(REPO / "scripts") not in sys.path:
@@ -75,7 +72,7 @@ def tiny_compact(dtype: torch.dtype = torch.float64):
     from sglang_kimi.models import tiny
     from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
-    return CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=dtype)
+    return CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=1)

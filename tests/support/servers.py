@@ -16,7 +16,7 @@ import dataclasses
 import threading
 import time
 
-from sglang_kimi.cli.server import ANY_PORT, ServerProcess, group_alive, launch_command
+from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
 AHEAD = 2  # servers started before a test asks for them: each holds 1-3 GB while it waits

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.speculative.adaptive.config import (
     AdaptiveConfig,
     AdaptiveConfigError,

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi.cli import launch_checks, server
 from sglang_kimi.cli import main as cli
+from sglang_kimi.launcher import checks as launch_checks
+from sglang_kimi.launcher import server
 
 COMMANDS = ["serve", "demo", "doctor", "tune moe"]
 

@@ -11,7 +11,7 @@ import torch
 
 from sglang_kimi.models import cost_probe
 from sglang_kimi.models.kimi_shapes import expected_distinct_experts
-from sglang_kimi.platform.cpu import sglang_fixes
+from sglang_kimi.platform.cpu import cpu_path_fixes
 
 
 def test_counts_distinct_routed_experts_per_call_size():
@@ -87,7 +87,7 @@ def test_uniform_simulated_routing_on_cpu_spreads_each_token_evenly():
     experts, k, tokens = 384, 8, 2000
     ids = torch.zeros(tokens, k, dtype=torch.int32)  # [tokens, k]
     weights = torch.zeros(tokens, k)  # [tokens, k]
-    sglang_fixes._simulated_routing_in_torch(_original_is_not_called, ids, weights, experts, random=True, seed=3)
+    cpu_path_fixes._simulated_routing_in_torch(_original_is_not_called, ids, weights, experts, random=True, seed=3)
     assert all(len(set(row)) == k for row in ids.tolist())  # k distinct experts per token
     assert torch.allclose(weights, torch.full_like(weights, 1 / k))
     hits = torch.bincount(ids.flatten().long(), minlength=experts).float()  # [experts]
@@ -100,7 +100,7 @@ def test_uniform_simulated_routing_on_cpu_spreads_each_token_evenly():
 
 def test_round_robin_and_padding_on_cpu():
     ids, weights = torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2)
-    sglang_fixes._simulated_routing_in_torch(
+    cpu_path_fixes._simulated_routing_in_torch(
         _original_is_not_called, ids, weights, 8, random=False, num_ranks=2, num_token_non_padded=torch.tensor(3)
     )
     # slot d = t * k + j goes to rank d % 2 and expert (d // 2) % 4 within it

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from sglang_kimi.cli.server import SHIMS_DIR, shims_needed
+from sglang_kimi.launcher.server import SHIMS_DIR, shims_needed
 
 
 def _run(code: str, with_shims: bool = True) -> subprocess.CompletedProcess:

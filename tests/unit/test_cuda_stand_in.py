@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_kimi.platform.cuda_stand_in import ops, sglang_fixes
+from sglang_kimi.platform.cuda_stand_in import missing_ops, ops
 
 
 def reference_align(topk_ids: torch.Tensor, buckets: int, block_size: int):
@@ -68,10 +68,10 @@ def test_moe_sum_reduce_sums_the_experts_and_scales():
 def test_silu_and_mul_writes_silu_of_the_gate_times_the_up_half():
     x = torch.randn(5, 2 * 12)
     out = torch.full((5, 12), float("nan"))
-    got = sglang_fixes.silu_and_mul(x, out, expert_ids=torch.zeros(1, dtype=torch.int32), expert_step=4)
+    got = missing_ops.silu_and_mul(x, out, expert_ids=torch.zeros(1, dtype=torch.int32), expert_step=4)
     assert got is out
     torch.testing.assert_close(out, F.silu(x[:, :12]) * x[:, 12:], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(sglang_fixes.silu_and_mul(x), out, rtol=0, atol=0)
+    torch.testing.assert_close(missing_ops.silu_and_mul(x), out, rtol=0, atol=0)
 
 
 def test_stand_in_hooks_keep_the_signatures_of_what_they_replace():
@@ -81,9 +81,9 @@ def test_stand_in_hooks_keep_the_signatures_of_what_they_replace():
     from sglang.kernels.ops.speculative import tree
 
     for stand_in, original in [
-        (sglang_fixes.silu_and_mul, activation.silu_and_mul),
-        (sglang_fixes._build_tree_kernel_efficient, tree.build_tree_kernel_efficient),
-        (sglang_fixes._verify_tree_greedy, tree.verify_tree_greedy),
+        (missing_ops.silu_and_mul, activation.silu_and_mul),
+        (missing_ops._build_tree_kernel_efficient, tree.build_tree_kernel_efficient),
+        (missing_ops._verify_tree_greedy, tree.verify_tree_greedy),
     ]:
         assert list(inspect.signature(stand_in).parameters) == list(inspect.signature(original).parameters)
 
@@ -91,7 +91,7 @@ def test_stand_in_hooks_keep_the_signatures_of_what_they_replace():
 def test_top_k_renorm_keeps_the_k_largest_of_each_row():
     probs = torch.softmax(torch.randn(4, 50, dtype=torch.float64), dim=-1)
     top_ks = torch.tensor([1, 3, 50, 7])
-    got = sglang_fixes.top_k_renorm_prob(probs, top_ks)
+    got = missing_ops.top_k_renorm_prob(probs, top_ks)
     for row, k in zip(range(4), top_ks.tolist()):
         idx = probs[row].topk(k).indices
         expected = torch.zeros(50, dtype=torch.float64)
@@ -116,5 +116,5 @@ def test_top_p_renorm_keeps_the_smallest_prefix_reaching_p(monkeypatch):
         types.SimpleNamespace(top_p_normalize_probs_torch=top_p_normalize_probs_torch),
     )
     probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
-    got = sglang_fixes.top_p_renorm_prob(probs, torch.tensor([0.4, 0.65], dtype=torch.float64))
+    got = missing_ops.top_p_renorm_prob(probs, torch.tensor([0.4, 0.65], dtype=torch.float64))
     torch.testing.assert_close(got, torch.tensor([[1.0, 0.0, 0.0], [0.0, 2 / 3, 1 / 3]], dtype=torch.float64))

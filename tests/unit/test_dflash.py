@@ -10,7 +10,6 @@ import pytest
 import torch
 from support.drafter_models import (
     ASSET_BUDGET_BYTES,
-    DFLASH_ASSET,
     ZLAB_DFLASH,
     fixture,
     gsm8k_test_prompts,
@@ -21,6 +20,7 @@ from support.drafter_models import (
 from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture)
 from support.targets import TinyTarget
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
 from sglang_kimi.speculators.drafter_tensors import published_weight_names
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
@@ -277,16 +277,16 @@ def test_block_drafter_needs_features():
 
 
 def trained():
-    return DFlashDrafter.from_pretrained(DFLASH_ASSET, dtype=torch.float64)
+    return DFlashDrafter.from_pretrained(TINY_DFLASH, dtype=torch.float64)
 
 
 def test_trained_asset_format_and_size():
     from safetensors import safe_open
 
     model = trained()
-    size = (DFLASH_ASSET / "model.safetensors").stat().st_size
+    size = (TINY_DFLASH / "model.safetensors").stat().st_size
     assert size < ASSET_BUDGET_BYTES, size
-    with safe_open(DFLASH_ASSET / "model.safetensors", "pt") as f:
+    with safe_open(TINY_DFLASH / "model.safetensors", "pt") as f:
         assert sorted(f.keys()) == published_weight_names(model.config)
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (safe_open is not a dict)
     cfg = model.config
@@ -323,7 +323,7 @@ def test_compact_target_matches_hf_reference():
     from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
 
     hf, _ = tiny.load_hf_reference(dtype=torch.float32)
-    compact = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL_DIR, dtype=torch.float32)
+    compact = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL, dtype=torch.float32)
     layers = [1, 3, 4]
     tokens = torch.tensor(gsm8k_test_prompts(1)[0][:24])
     tree = build_ddtree(tokens[-1:], torch.randn(1, 4, tiny.VOCAB_SIZE, generator=torch.Generator().manual_seed(0)), 9)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from support.repo_scripts import load_script
 
-from sglang_kimi.cli.server import TINY_MODEL
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_kimi.cli.dp_reports import merged_report, reports
+from sglang_kimi.launcher.dp_reports import merged_report, reports
 from sglang_kimi.speculative.metrics import AcceptanceStats
 
 

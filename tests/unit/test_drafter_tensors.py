@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from support.drafter_models import EAGLE3_GQA, EAGLE3_MLA, scaled_dflash, scaled_eagle3
 
-from sglang_kimi.cli.server import ASSETS_DIR
+from sglang_kimi.assets import ASSETS_DIR
 from sglang_kimi.speculators.configs import DFlashConfig, Eagle3Config, parse_drafter_config
 from sglang_kimi.speculators.drafter_tensors import (
     DrafterCheckpointError,

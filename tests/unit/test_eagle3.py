@@ -12,7 +12,6 @@ import pytest
 import torch
 from support.drafter_models import (
     ASSET_BUDGET_BYTES,
-    EAGLE3_ASSET,
     EAGLE3_GQA,
     EAGLE3_MLA,
     EAGLE31_MLA,
@@ -26,6 +25,7 @@ from support.drafter_models import (
 from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture)
 from support.targets import TinyTarget
 
+from sglang_kimi.assets import TINY_EAGLE3
 from sglang_kimi.speculators.configs import DrafterConfigError, Eagle3Config
 from sglang_kimi.speculators.drafter_tensors import published_weight_names
 from sglang_kimi.speculators.reference.eagle3 import Eagle3Drafter, build_vocab_map
@@ -330,16 +330,16 @@ def test_lossless_in_the_reference_loop(name, steps, topk, tokens):
 
 
 def trained():
-    return Eagle3Drafter.from_pretrained(EAGLE3_ASSET, dtype=torch.float64)
+    return Eagle3Drafter.from_pretrained(TINY_EAGLE3, dtype=torch.float64)
 
 
 def test_trained_asset_format_and_size():
     from safetensors import safe_open
 
     model = trained()
-    size = (EAGLE3_ASSET / "model.safetensors").stat().st_size
+    size = (TINY_EAGLE3 / "model.safetensors").stat().st_size
     assert size < ASSET_BUDGET_BYTES, size
-    with safe_open(EAGLE3_ASSET / "model.safetensors", "pt") as f:
+    with safe_open(TINY_EAGLE3 / "model.safetensors", "pt") as f:
         assert sorted(f.keys()) == published_weight_names(model.config)
         assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
         assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16

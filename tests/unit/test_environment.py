@@ -3,7 +3,7 @@ not there was read as unset and served without a word; ``check_environment`` ref
 
 import pytest
 
-from sglang_kimi.environment import VARIABLES, EnvironmentSettingError, check_environment
+from sglang_kimi.environment_check import VARIABLES, EnvironmentSettingError, check_environment
 
 
 @pytest.mark.parametrize(

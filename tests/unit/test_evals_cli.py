@@ -8,10 +8,10 @@ import pytest
 from support.fake_servers import serve, sglang_payloads
 
 from sglang_kimi.cli import main as cli
-from sglang_kimi.cli.api_key import ENV, use_api_key
-from sglang_kimi.cli.launch_checks import free_port
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.servers import check_same_model, normalize_url, probe
+from sglang_kimi.launcher.api_key import ENV, use_api_key
+from sglang_kimi.launcher.checks import free_port
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from sglang_kimi.cli.launch_checks import free_port, wait_until_listening
 from sglang_kimi.hardening.gc_freeze import freeze_gc_once_listening
+from sglang_kimi.launcher.checks import free_port, wait_until_listening
 
 
 def listen_after(port: int, delay_s: float, ready: threading.Event):

@@ -8,9 +8,9 @@ import datasets.config
 import pytest
 from huggingface_hub import constants
 
-from sglang_kimi.cli.launch_checks import free_port
 from sglang_kimi.evals import hub_data
 from sglang_kimi.evals.hub_data import HubUnreachable, hub_reachable, load_gsm8k, why_not_loaded
+from sglang_kimi.launcher.checks import free_port
 
 
 @pytest.fixture

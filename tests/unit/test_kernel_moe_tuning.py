@@ -254,7 +254,7 @@ def test_exec_context_gives_sglang_fused_moe_what_it_reads_outside_a_server():
     import subprocess
     import sys
 
-    from sglang_kimi.cli.server import SHIMS_DIR
+    from sglang_kimi.launcher.server import SHIMS_DIR
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIMS_DIR), os.environ.get("PYTHONPATH")]))}
     env.pop("TRITON_INTERPRET", None)

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.models import kv_scales as K
 from sglang_kimi.speculators.reference.deepseek_v3 import MLA, CompactDeepseekV3
 
@@ -226,14 +226,14 @@ def large_latent_model():
     in float, latent values in the thousands, as in models with outlier channels."""
     from transformers import PreTrainedTokenizerFast
 
-    from sglang_kimi.models.tiny import TINY_MODEL_DIR
+    from sglang_kimi.assets import TINY_MODEL
 
-    model = CompactDeepseekV3.from_pretrained(TINY_MODEL_DIR)
+    model = CompactDeepseekV3.from_pretrained(TINY_MODEL)
     with torch.no_grad():
         for layer in model.layers:
             layer.self_attn.kv_a_layernorm.weight.mul_(1000)
             layer.self_attn.kv_b_proj.weight.div_(1000)
-    tok = PreTrainedTokenizerFast.from_pretrained(str(TINY_MODEL_DIR))
+    tok = PreTrainedTokenizerFast.from_pretrained(str(TINY_MODEL))
     text = (
         "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
         "How many clips did Natalia sell altogether in April and May?\nAnswer: Natalia sold 48/2 = 24 clips in May."
@@ -469,7 +469,7 @@ def test_calibrate_kv_errors(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "")  # no API key in this process
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi.cli.launch_checks import free_port
+    from sglang_kimi.launcher.checks import free_port
 
     data = tmp_path / "gsm8k"
     data.mkdir()
@@ -504,7 +504,7 @@ def test_calibrate_kv_checks_before_sending_prompts(capsys, tmp_path, monkeypatc
     monkeypatch.setenv("OPENAI_API_KEY", "")
     from support.fake_servers import serve, sglang_payloads
 
-    from sglang_kimi.cli.launch_checks import free_port
+    from sglang_kimi.launcher.checks import free_port
     from sglang_kimi.models import kv_calibration
 
     def no_hub(data_dir, limit):
@@ -577,7 +577,7 @@ def test_cuda_graphs_read_from_sglangs_published_context():
     import subprocess
     import sys
 
-    from sglang_kimi.cli.server import SHIMS_DIR
+    from sglang_kimi.launcher.server import SHIMS_DIR
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIMS_DIR), os.environ.get("PYTHONPATH")]))}
     env.pop("TRITON_INTERPRET", None)

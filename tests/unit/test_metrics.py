@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_kimi.options import PluginArgs
+from sglang_kimi.settings import PluginArgs
 from sglang_kimi.speculative.metrics import AcceptanceStats, max_draft_depth
 
 

@@ -9,8 +9,6 @@ import json
 
 import pytest
 from support.drafter_models import (
-    DFLASH_ASSET,
-    EAGLE3_ASSET,
     EAGLE3_GQA,
     EAGLE3_MLA,
     EAGLE31_MLA,
@@ -20,6 +18,7 @@ from support.drafter_models import (
     fixture,
 )
 
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
 from sglang_kimi.speculators.configs import DFlashConfig, DrafterConfigError, Eagle3Config, drafter_algorithm
 from sglang_kimi.speculators.pairing import DrafterMismatchError, TargetInfo, validate_pair
 
@@ -86,10 +85,10 @@ def test_draft_forms(tmp_path):
 def test_embedded_tiny_drafters_fit_the_tiny_target():
     from sglang_kimi.models import tiny
 
-    validate_pair(tiny.TINY_MODEL_DIR, DFLASH_ASSET, num_draft_tokens=8, expected_algorithm="DFLASH")
-    validate_pair(tiny.TINY_MODEL_DIR, EAGLE3_ASSET, expected_algorithm="EAGLE3")
+    validate_pair(tiny.TINY_MODEL, TINY_DFLASH, num_draft_tokens=8, expected_algorithm="DFLASH")
+    validate_pair(tiny.TINY_MODEL, TINY_EAGLE3, expected_algorithm="EAGLE3")
     with pytest.raises(DrafterMismatchError):  # and the Kimi drafters do not
-        validate_pair(tiny.TINY_MODEL_DIR, fixture(ZLAB_DFLASH))
+        validate_pair(tiny.TINY_MODEL, fixture(ZLAB_DFLASH))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -270,7 +269,7 @@ def test_embedded_drafters_load_with_sglang_loaders():
 
     script = REPO / "scripts" / "_drafter_sglang_check.py"
     run = subprocess.run(
-        [sys.executable, str(script), str(DFLASH_ASSET), str(EAGLE3_ASSET)],
+        [sys.executable, str(script), str(TINY_DFLASH), str(TINY_EAGLE3)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,5 +1,5 @@
 """SGLang's penalizers applied in one order in every process: additive first, scaling last
-(``sglang_kimi/speculative/workers/penalties.py``)."""
+(``sglang_kimi/speculative/workers/penalty_hooks.py``)."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import pytest
 from sglang.srt.sampling import penaltylib
 from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
 
-from sglang_kimi.speculative.workers.penalties import _additive_then_scaling
+from sglang_kimi.speculative.workers.penalty_hooks import _additive_then_scaling
 
 PENALIZERS = (
     penaltylib.BatchedFrequencyPenalizer,

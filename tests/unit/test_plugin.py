@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sglang_kimi import SUPPORTED_SGLANG, plugin
-from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.platform import capabilities
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
 from sglang_kimi.version import version_in_range

@@ -9,8 +9,8 @@ import json
 import pytest
 from support.repo_scripts import load_script
 
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.models import kimi_shapes as ks
-from sglang_kimi.models.tiny import TINY_MODEL_DIR
 from sglang_kimi.speculative.adaptive.profile import fitting_step_costs, step_costs_table, write_step_costs
 
 KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": ks.KIMI_K26_TEXT}
@@ -127,7 +127,7 @@ def test_a_measured_table_is_scaled_to_the_deployment(pk, tmp_path):
 
 
 def test_a_table_of_another_model_is_refused(pk, tmp_path):
-    tiny = json.loads((TINY_MODEL_DIR / "config.json").read_text())
+    tiny = json.loads((TINY_MODEL / "config.json").read_text())
     path = _bench_result(tmp_path, tiny, [])
     with pytest.raises(pk.ProjectionError) as e:
         pk.load_measured(path, pk.Setup())

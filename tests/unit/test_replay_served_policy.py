@@ -31,7 +31,7 @@ else:
         """The policy a DFLASH server builds (``dflash.start_adaptive`` -> ``start_runtime``, its profile measured by
         ``profile_step``, here the replay's profile) and the bench's, fed one recorded trace through the calls the
         worker makes (``choose``, ``start``, ``finish``), choose the same width at every step."""
-        from sglang_kimi.options import PluginArgs
+        from sglang_kimi.settings import PluginArgs
         from sglang_kimi.speculative.adaptive import dflash, start
 
         sources = replay.default_sources(seed=1)

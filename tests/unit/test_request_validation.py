@@ -8,15 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_kimi.cli.server import TINY_MODEL
+from sglang_kimi.assets import TINY_EAGLE3
 from sglang_kimi.hardening.request_validation import (
     PER_PROMPT_FIELDS,
     check_completion_options,
     check_normalized_batch,
     validate_request,
 )
-
-TINY_EAGLE3 = TINY_MODEL.parent / "tiny-kimi-k2.6-eagle3"
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100, hidden_size=4))
 

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 import requests
 
-from sglang_kimi.cli.launch_checks import DEFAULT_HOST, LaunchError
-from sglang_kimi.cli.server import LaunchSpec, ServerProcess
+from sglang_kimi.launcher.checks import DEFAULT_HOST, LaunchError
+from sglang_kimi.launcher.server import LaunchSpec, ServerProcess
 
 # Stands in for SGLang: binds --port, answers /health, or exits with uvicorn's bind error (as SGLang's log has it).
 FAKE_SERVER = textwrap.dedent(

@@ -11,8 +11,8 @@ import time
 import pytest
 from support.processes import children
 
-from sglang_kimi.cli.launch_checks import DEFAULT_HOST
-from sglang_kimi.cli.server import LaunchSpec, ServerProcess, group_alive, group_members
+from sglang_kimi.launcher.checks import DEFAULT_HOST
+from sglang_kimi.launcher.server import LaunchSpec, ServerProcess, group_alive, group_members
 
 # Stands in for SGLang's launcher: starts multiprocessing's resource tracker (which lives until the launcher exits) and
 # a worker in its process group (or in a group of its own, which it stops on SIGTERM, as `sglang-kimi serve` does

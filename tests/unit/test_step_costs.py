@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.models import kimi_shapes as ks
-from sglang_kimi.options import SpeculativeConfigError
 from sglang_kimi.speculative.adaptive.config import AdaptiveConfigError, load_adaptive_config
 from sglang_kimi.speculative.adaptive.profile import (
     StepCosts,

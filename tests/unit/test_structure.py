@@ -115,9 +115,13 @@ def test_serving_does_not_import_the_reference_code():
 
 
 # The package grouped by concern: a handful of plugin-level modules at the top, everything else in its area's folder.
-PLUGIN_LEVEL = {"__init__", "plugin", "hooks", "options", "flags", "version", "server_info", "environment", "log"}
-AREAS = {"speculative", "models", "platform", "hardening", "cli"}
-DATA_FOLDERS = {"assets"}
+PLUGIN_LEVEL = {
+    "__init__", "plugin", "hooks", "settings", "parser_flags", "errors", "version", "server_info", "environment_check",
+    "log",
+}  # fmt: skip
+AREAS = {"speculative", "models", "platform", "hardening", "launcher", "cli"}
+SERVING_AREAS = AREAS - {"launcher", "cli"}  # each with its table of registrations (registrations.py)
+DATA_FOLDERS = {"assets"}  # package data, and (__init__.py) the one place their paths are written
 
 
 def test_only_the_plugin_level_modules_sit_at_the_top():
@@ -134,7 +138,7 @@ def test_each_area_owns_its_table_entries_in_a_data_only_module():
     """``plugin.py`` concatenates the areas' tables; each ``registrations.py`` imports nothing but the entry type."""
     from sglang_kimi import plugin
 
-    for area in AREAS - {"cli"}:
+    for area in SERVING_AREAS:
         path = REPO / "sglang_kimi" / area / "registrations.py"
         tree = ast.parse(path.read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -168,3 +172,44 @@ def test_nothing_but_the_table_imports_the_hardening_group():
         if name.startswith("sglang_kimi.hardening") or name == "sglang_kimi.plugin":
             continue
         assert not [t for t in targets if t.startswith("sglang_kimi.hardening")], name
+
+
+def top_folder(name: str) -> str:
+    """The folder a module belongs to: ``sglang_kimi.speculative.workers.x`` -> ``speculative``, a plugin-level module
+    -> ``plugin``, the packages installed under ``sglang_kimi`` from the repository root -> their own name."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "plugin"
+    if parts[1] in ("speculators", "kernels", "evals") or parts[1] in AREAS | DATA_FOLDERS:
+        return parts[1]
+    return "plugin"
+
+
+def layering_violations(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs that break the folder-level layering: nothing outside ``cli/`` imports ``cli/``, which
+    sits on top of every area (what an area shares with the command line lives in ``launcher/`` or at the plugin
+    level)."""
+    out = []
+    for name, targets in edges.items():
+        for target in targets:
+            if top_folder(target) == "cli" and top_folder(name) != "cli":
+                out.append((name, target))
+    return sorted(out)
+
+
+def test_no_area_imports_the_command_line():
+    assert layering_violations(graph()) == []
+
+
+def test_the_layering_check_finds_an_area_that_imports_the_command_line():
+    edges = {
+        "sglang_kimi.cli.main": {"sglang_kimi.launcher.server", "sglang_kimi.evals.parsers"},
+        "sglang_kimi.hardening.gc_freeze": {"sglang_kimi.cli.main"},
+        "sglang_kimi.evals.bench": {"sglang_kimi.cli.demo"},
+        "sglang_kimi.settings": {"sglang_kimi.cli.doctor"},
+    }
+    assert layering_violations(edges) == [
+        ("sglang_kimi.evals.bench", "sglang_kimi.cli.demo"),
+        ("sglang_kimi.hardening.gc_freeze", "sglang_kimi.cli.main"),
+        ("sglang_kimi.settings", "sglang_kimi.cli.doctor"),
+    ]

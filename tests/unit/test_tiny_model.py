@@ -17,7 +17,7 @@ from support.data import gsm8k_items
 from sglang_kimi.models import tiny
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
-ASSET = tiny.TINY_MODEL_DIR
+ASSET = tiny.TINY_MODEL
 
 
 def gsm8k_test(n: int) -> list[dict]:

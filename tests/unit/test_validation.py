@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from support.hub_cache import cache_snapshot
 
-from sglang_kimi.options import STATIC_TREE_BACKENDS, TREE_MASK_BACKENDS, SpeculativeConfigError
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.platform import capabilities
+from sglang_kimi.settings import STATIC_TREE_BACKENDS, TREE_MASK_BACKENDS
 from sglang_kimi.speculative import drafter_checks, validation
 
 
@@ -183,7 +184,7 @@ def test_drafter_tensors_are_checked_in_a_folder_and_in_the_hub_cache(tmp_path, 
     import huggingface_hub.constants
     from safetensors.torch import load_file, save_file
 
-    from sglang_kimi.cli.server import TINY_DFLASH
+    from sglang_kimi.assets import TINY_DFLASH
     from sglang_kimi.speculators.configs import parse_drafter_config
 
     drafter = parse_drafter_config(TINY_DFLASH)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.models.quant import fallback
 from sglang_kimi.models.quant.fallback import Device, fallback_reason, native_kernel
 from sglang_kimi.models.quant.formats import INT4, MXFP4
@@ -111,10 +111,10 @@ print("OK")
 
 
 def test_registry_entries_and_per_layer_dispatch(tmp_path):
+    from sglang_kimi.assets import TINY_MODEL
     from sglang_kimi.models.quant.formats import FORMATS, write_variant
-    from sglang_kimi.models.tiny import TINY_MODEL_DIR
 
-    variants = {fmt: str(write_variant(TINY_MODEL_DIR, tmp_path / fmt, fmt)) for fmt in FORMATS}
+    variants = {fmt: str(write_variant(TINY_MODEL, tmp_path / fmt, fmt)) for fmt in FORMATS}
     env, _ = sglang_env(cpu=True)
     code = f"VARIANTS = {variants!r}\n" + SGLANG_CHECK
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.assets import TINY_MODEL
+from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.models.quant import formats as F
-from sglang_kimi.models.tiny import TINY_MODEL_DIR
 
 # ---------------------------------------------------------------------------------------------------------------
 # INT4: compressed-tensors is the reference (pack_to_int32 / PackedQuantizationCompressor)
@@ -157,7 +157,7 @@ def test_exclude_lists(module, int4_ignored, mxfp4_excluded):
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     out = tmp_path_factory.mktemp("variants")
-    return {fmt: F.write_variant(TINY_MODEL_DIR, out / fmt, fmt) for fmt in F.FORMATS}
+    return {fmt: F.write_variant(TINY_MODEL, out / fmt, fmt) for fmt in F.FORMATS}
 
 
 def _tensors(path):
@@ -170,7 +170,7 @@ def test_int4_variant_layout(variants):
     assert "quantization_config" not in cfg  # Kimi-K2.6 keeps it in text_config
     assert cfg["text_config"]["quantization_config"] == F.int4_quantization_config()
     assert F.format_of(cfg) == F.INT4
-    src, sd = _tensors(TINY_MODEL_DIR), _tensors(variants[F.INT4])
+    src, sd = _tensors(TINY_MODEL), _tensors(variants[F.INT4])
     quantized = F.quantized_modules(sd, F.INT4)
     assert len(quantized) == 5 * 8 * 3  # every routed expert projection of the 5 MoE layers, nothing else
     assert all(".mlp.experts." in m for m in quantized)
@@ -207,7 +207,7 @@ def test_mxfp4_variant_layout(variants):
             dynamic,
         )
     assert q["exclude"] == list(F.KIMI_K26_MXFP4_EXCLUDE)
-    src, sd = _tensors(TINY_MODEL_DIR), _tensors(variants[F.MXFP4])
+    src, sd = _tensors(TINY_MODEL), _tensors(variants[F.MXFP4])
     quantized = F.quantized_modules(sd, F.MXFP4)
     assert len(quantized) == 5 * 8 * 3 and all(".mlp.experts." in m for m in quantized)
     p = "language_model.model.layers.4.mlp.experts.1."
@@ -225,7 +225,7 @@ def test_dequantized_reference_is_close_to_the_bf16_model(variants, fmt, tmp_pat
     ref = F.dequantize_checkpoint(variants[fmt], tmp_path / "ref")
     cfg = json.loads((ref / "config.json").read_text())
     assert F.checkpoint_quantization(cfg) is None
-    src, q, r = _tensors(TINY_MODEL_DIR), _tensors(variants[fmt]), _tensors(ref)
+    src, q, r = _tensors(TINY_MODEL), _tensors(variants[fmt]), _tensors(ref)
     assert set(r) == set(src)
     name = "language_model.model.layers.3.mlp.experts.2.down_proj"
     if fmt == F.INT4:
@@ -239,25 +239,25 @@ def test_dequantized_reference_is_close_to_the_bf16_model(variants, fmt, tmp_pat
 
 
 def test_amd_k25_variant_quantizes_shared_experts_and_the_dense_mlp(tmp_path):
-    path = F.write_named_variant(TINY_MODEL_DIR, tmp_path / "amd", "mxfp4-amd-k25")
+    path = F.write_named_variant(TINY_MODEL, tmp_path / "amd", "mxfp4-amd-k25")
     quantized = F.quantized_modules(_tensors(path), F.MXFP4)
     assert "language_model.model.layers.0.mlp.gate_proj" in quantized  # dense layer-0 MLP
     assert "language_model.model.layers.3.mlp.shared_experts.down_proj" in quantized
     assert not any("self_attn" in m or "lm_head" in m or m.endswith("mlp.gate") for m in quantized)
     assert len(quantized) == 3 + 5 * (8 + 1) * 3
     with pytest.raises(ValueError, match="unknown variant"):
-        F.write_named_variant(TINY_MODEL_DIR, tmp_path / "x", "nvfp4")
+        F.write_named_variant(TINY_MODEL, tmp_path / "x", "nvfp4")
 
 
 def test_write_variant_refuses_a_quantized_source(variants, tmp_path):
     with pytest.raises(F.CheckpointFormatError, match="already quantized"):
         F.write_variant(variants[F.INT4], tmp_path / "again", F.MXFP4)
     with pytest.raises(F.CheckpointFormatError, match="nothing to dequantize"):
-        F.dequantize_checkpoint(TINY_MODEL_DIR, tmp_path / "ref")
+        F.dequantize_checkpoint(TINY_MODEL, tmp_path / "ref")
 
 
 def test_make_variants_script(tmp_path, capsys):
-    sys.path.insert(0, str(TINY_MODEL_DIR.parents[2] / "scripts"))
+    sys.path.insert(0, str(TINY_MODEL.parents[2] / "scripts"))
     import make_variants
 
     assert make_variants.main(["--out", str(tmp_path), "--variants", "mxfp4", "--reference"]) == 0
@@ -269,5 +269,5 @@ def test_make_variants_script(tmp_path, capsys):
 def test_quant_package_ships_in_the_wheel():
     import tomllib
 
-    pyproject = tomllib.loads((TINY_MODEL_DIR.parents[2] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((TINY_MODEL.parents[2] / "pyproject.toml").read_text())
     assert "sglang_kimi.models.quant" in pyproject["tool"]["setuptools"]["packages"]

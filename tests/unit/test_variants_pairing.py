@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglang_kimi.cli.server import sglang_env
+from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.models.quant import formats
 from sglang_kimi.models.tiny import kimi_config
 from sglang_kimi.speculators import pairing as P

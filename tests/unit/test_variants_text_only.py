@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.cli import doctor
 from sglang_kimi.cli import main as cli
-from sglang_kimi.models.tiny import TINY_MODEL_DIR
 
 
 def _vision_bytes_by_loading(path) -> tuple[int, int, int]:
@@ -19,8 +19,8 @@ def _vision_bytes_by_loading(path) -> tuple[int, int, int]:
 
 
 def test_tiny_model_savings_match_the_loaded_tensors():
-    saved = doctor.text_only_savings(TINY_MODEL_DIR)
-    tower, projector, total = _vision_bytes_by_loading(TINY_MODEL_DIR)
+    saved = doctor.text_only_savings(TINY_MODEL)
+    tower, projector, total = _vision_bytes_by_loading(TINY_MODEL)
     assert saved["vision_tower_bytes"] == tower > 0
     assert saved["mm_projector_bytes"] == projector > 0
     assert saved["checkpoint_bytes"] == total
@@ -66,13 +66,13 @@ def _fake_probe(cpu, strict=False):
 def test_doctor_reports_the_savings(monkeypatch, capsys):
     # the SGLang probe (a fresh SGLang process) is covered elsewhere; here only the report
     monkeypatch.setattr(doctor, "probe_registration", _fake_probe)
-    cli.main(["doctor", "--model-path", str(TINY_MODEL_DIR)])
+    cli.main(["doctor", "--model-path", str(TINY_MODEL)])
     text = capsys.readouterr().out
     assert "text-only serving (--language-model-only)" in text
-    saved = doctor.text_only_savings(TINY_MODEL_DIR)
+    saved = doctor.text_only_savings(TINY_MODEL)
     assert f"({saved['vision_tower_tensors']} tensors)" in text and "% of the" in text
 
-    cli.main(["doctor", "--model-path", str(TINY_MODEL_DIR), "--json"])
+    cli.main(["doctor", "--model-path", str(TINY_MODEL), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["text_only"] == saved
 

@@ -26,7 +26,7 @@ MLA (DeepSeek/Kimi, absorbed form): the key is the latent cache row ``[kv_lora +
 value its first ``kv_lora`` columns, which ``MLATokenToKVPool.get_value_buffer`` returns; TARGET_VERIFY over an
 MLA pool goes through :func:`sglang_kimi.kernels.tree_mla_attention.tree_mla_attention_ref` (the torch twin of the
 plugin's GPU tree-MLA kernel). The DeepSeek attention-method registry maps ``kimi_cpu`` to the absorbed path in
-every mode (see ``sglang_kimi/platform/cpu/sglang_fixes.py``), so prefill never takes the per-head MHA path.
+every mode (see ``sglang_kimi/platform/cpu/cpu_path_fixes.py``), so prefill never takes the per-head MHA path.
 
 No CUDA graphs (SGLang disables them on CPU): the graph hooks raise.
 """

@@ -25,7 +25,7 @@ def install_attention_backend(target: str):
         add_draft_attention_backend_choices,
     )
 
-    from sglang_kimi.platform.cpu.sglang_fixes import _absorbed_mla
+    from sglang_kimi.platform.cpu.cpu_path_fixes import _absorbed_mla
 
     if BACKEND_NAME in ATTENTION_BACKENDS:
         return f"SGLang already has an attention backend named {BACKEND_NAME}"

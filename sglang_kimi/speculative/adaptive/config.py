@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from sglang_kimi.options import SpeculativeConfigError
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.speculators.policy import ChainAcceptance, TreeAcceptance, WidthPolicy
 
 

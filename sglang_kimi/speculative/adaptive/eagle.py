@@ -24,7 +24,7 @@ import logging
 import torch
 
 from sglang_kimi.hooks import hook
-from sglang_kimi.options import plugin_args
+from sglang_kimi.settings import plugin_args
 from sglang_kimi.speculative.adaptive.config import acceptance_estimate, load_adaptive_config
 from sglang_kimi.speculative.adaptive.eagle_policy import EagleStepsPolicy
 from sglang_kimi.speculative.adaptive.runtime import AdaptiveRuntime, tag_step

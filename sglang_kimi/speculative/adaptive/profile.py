@@ -64,24 +64,6 @@ def config_digest(path: str | None) -> str | None:
         return None
 
 
-def device_name(device) -> str:
-    """The accelerator's name (``cuda:NVIDIA H100 80GB HBM3``), or the CPU model and the threads torch uses."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu:{model or 'unknown'}:{torch.get_num_threads()} threads"
-
-
 def default_profile_folder() -> Path:
     """Where profiles are kept without ``--speculative-kimi-adaptive-profile``: one file per setup."""
     return cache_dir() / "cost-profiles"

@@ -18,11 +18,11 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
+from sglang_kimi.platform.capabilities import device_name
 from sglang_kimi.speculative.adaptive.config import AdaptiveConfig, AdaptiveConfigError, default_buckets, width_policy
 from sglang_kimi.speculative.adaptive.profile import (
     StepCostsError,
     config_digest,
-    device_name,
     file_digest,
     fitting_step_costs,
     load_or_measure,
@@ -71,7 +71,7 @@ def start_runtime(
     policy over it, and the runtime this process reports in ``/server_info``. ``acceptance_for(widths)``: the
     acceptance estimate; ``key_fields``: (mode, block) of the profile key; ``step_seconds(batch, width)``: one
     profiled step."""
-    from sglang_kimi.options import plugin_args
+    from sglang_kimi.settings import plugin_args
 
     server_args, device = worker.server_args, worker.device
     runner = worker.target_worker.model_runner

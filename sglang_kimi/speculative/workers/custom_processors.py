@@ -18,9 +18,9 @@ Every other attribute is the request's own. The processors run last, after the p
 grammar mask, in the order of SGLang's non-speculative sampler.
 
 The committed outputs must be current when the verify runs: a batch with a custom logit processor runs the
-scheduler's synchronous path (``speculative/workers/penalties.py``,
-:func:`~sglang_kimi.speculative.workers.penalties.install_penalty_sync`).
-The callers: the DFLASH chain hooks in ``speculative/workers/penalties.py``, the plugin's tree worker, and
+scheduler's synchronous path (``speculative/workers/penalty_hooks.py``,
+:func:`~sglang_kimi.speculative.workers.penalty_hooks.install_penalty_sync`).
+The callers: the DFLASH chain hooks in ``speculative/workers/penalty_hooks.py``, the plugin's tree worker, and
 ``speculative/workers/eagle_sampling.py``.
 """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from sglang_kimi.hooks import hook
-from sglang_kimi.options import debug_greedy_verify
+from sglang_kimi.settings import debug_greedy_verify
 from sglang_kimi.speculative.workers.sampled_verify import plugin_verifies_sampling, thresholds_are_lossless
 from sglang_kimi.speculative.workers.tree_verify_inputs import verify_probs
 from sglang_kimi.speculators.trees import build_chain

@@ -64,7 +64,7 @@ try:  # return_sampling_mask for speculative decoding (a release without it has 
 except ImportError:
     SpeculativeSamplingMaskCapture = None
 
-from sglang_kimi.options import DRAFT_GRAPHS_ENV, debug_greedy_verify, plugin_args
+from sglang_kimi.settings import DRAFT_GRAPHS_ENV, debug_greedy_verify, plugin_args
 from sglang_kimi.speculative.acceptance_trace import append_paths, trace_file
 from sglang_kimi.speculative.metrics import draft_health
 from sglang_kimi.speculative.step_phases import NO_PHASES, StepPhases, step_clock, step_phases
@@ -76,7 +76,7 @@ from sglang_kimi.speculative.workers.drafter_graph import (
     draft_graphs,
     same_draft,
 )
-from sglang_kimi.speculative.workers.penalties import apply_exact_penalties, verify_penalties
+from sglang_kimi.speculative.workers.penalty_hooks import apply_exact_penalties, verify_penalties
 from sglang_kimi.speculative.workers.sampled_verify import sampled_result_from_rank0
 from sglang_kimi.speculative.workers.tree_attention import prepare_tree_verify
 from sglang_kimi.speculative.workers.tree_verify_graphs import check_target_graphs, mark_tree_verify

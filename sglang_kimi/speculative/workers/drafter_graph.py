@@ -37,7 +37,7 @@ from contextlib import contextmanager
 import torch
 from sglang.srt.runtime_context import get_spec
 
-from sglang_kimi.options import DRAFT_GRAPHS_ENV
+from sglang_kimi.settings import DRAFT_GRAPHS_ENV
 from sglang_kimi.speculators.tree_step import draft_side
 from sglang_kimi.speculators.trees import DraftTree
 

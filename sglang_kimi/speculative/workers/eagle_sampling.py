@@ -23,9 +23,9 @@ import torch
 
 from sglang_kimi.hooks import hook
 from sglang_kimi.log import warn_once
-from sglang_kimi.options import debug_greedy_verify
+from sglang_kimi.settings import debug_greedy_verify
 from sglang_kimi.speculative.workers.custom_processors import apply_processors, has_processors
-from sglang_kimi.speculative.workers.penalties import apply_to_eagle_verify, bias_applied
+from sglang_kimi.speculative.workers.penalty_hooks import apply_to_eagle_verify, bias_applied
 from sglang_kimi.speculative.workers.sampled_verify import (
     broadcast_from_rank0,
     plugin_verifies_sampling,
@@ -73,7 +73,7 @@ def eagle_sample_lossless(
     """AROUND ``eagle_utils.eagle_sample``: sampled batches on HIP/CPU are verified by the target-only rule over
     ``tree_verify_inputs.verify_probs``; everything else runs upstream. Returns ``(predict, accept_lens, accept_index)``
     in upstream's conventions (``accept_lens`` counts the bonus). In a batch with penalties every node first gets
-    its own (``speculative/workers/penalties.py``), and in a batch with custom logit processors each node's row is
+    its own (``speculative/workers/penalty_hooks.py``), and in a batch with custom logit processors each node's row is
     processed
     with the request seen at the node (``speculative/workers/custom_processors.py``), which ``eagle_sample`` does not
     do."""

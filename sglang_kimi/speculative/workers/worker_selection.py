@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from sglang_kimi.hooks import hook
-from sglang_kimi.options import plugin_args
+from sglang_kimi.settings import plugin_args
 
 
 def _create_worker(original, algorithm, server_args):

@@ -1,6 +1,6 @@
 """The plugin's environment variables, checked once at start-up, before any weight loads.
 
-Each variable is read where it acts (``models/kv_scales.py``, ``models/cost_probe.py``, ``options.py``,
+Each variable is read where it acts (``models/kv_scales.py``, ``models/cost_probe.py``, ``settings.py``,
 ``kernels/aiter_overrides.py``, ``kernels/moe_configs.py``), and each of those reads an unexpected spelling as
 "unset": a misspelt name (``SGLANG_KIMI_KV_SCALE``), a value outside the ones it knows
 (``SGLANG_KIMI_DEBUG_GREEDY_VERIFY=true``) or a table folder that does not exist served without a word.
@@ -14,19 +14,19 @@ import difflib
 import os
 from collections.abc import Mapping
 
+from sglang_kimi.errors import SpeculativeConfigError
 from sglang_kimi.kernels.aiter_overrides import DISABLE_ENV as AITER_OVERRIDES_ENV
 from sglang_kimi.kernels.aiter_overrides import OFF_VALUES as AITER_OFF_VALUES
 from sglang_kimi.kernels.moe_configs import USER_DIR_ENV as MOE_CONFIG_DIR_ENV
 from sglang_kimi.kernels.moe_configs import user_table_dir
 from sglang_kimi.models.cost_probe import ENV as COST_PROBE_ENV
 from sglang_kimi.models.kv_scales import ENV as KV_SCALES_ENV
-from sglang_kimi.options import (
+from sglang_kimi.settings import (
     ACCEPTANCE_TRACE_ENV,
     DEBUG_GREEDY_VERIFY_ENV,
     DRAFT_GRAPHS_ENV,
     DRAFT_GRAPHS_VALUES,
     HARDENING_ENV,
-    SpeculativeConfigError,
 )
 
 PREFIX = "SGLANG_KIMI_"

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.cli.api_key import auth_headers
-from sglang_kimi.cli.launch_checks import (
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3, TINY_MODEL
+from sglang_kimi.launcher.api_key import auth_headers
+from sglang_kimi.launcher.checks import (
     DEFAULT_HOST,
     HUB_ID,
     LaunchError,
@@ -37,10 +38,6 @@ from sglang_kimi.version import SUPPORTED_SGLANG
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 SHIMS_DIR = PACKAGE_DIR / "platform" / "cpu" / "shims"
-ASSETS_DIR = PACKAGE_DIR / "assets"
-TINY_MODEL = ASSETS_DIR / "tiny-kimi-k2.6"
-TINY_DFLASH = ASSETS_DIR / "tiny-kimi-k2.6-dflash"  # DFlash drafter (z-lab format) for the tiny model
-TINY_EAGLE3 = ASSETS_DIR / "tiny-kimi-k2.6-eagle3"  # EAGLE3 drafter (SpecForge format) for the tiny model
 # the drafter `serve` adds for a speculative algorithm when it serves the embedded model and no drafter is given
 EMBEDDED_DRAFTERS = {"DFLASH": TINY_DFLASH, "EAGLE3": TINY_EAGLE3}
 DEFAULT_PORT = 30000
@@ -669,6 +666,6 @@ def fetch_plugin_state(base_url: str) -> dict:
     """The plugin's state reported by the server's schedulers (``/server_info``), merged over data-parallel ranks."""
     response = requests.get(base_url + "/server_info", timeout=30, headers=auth_headers())
     response.raise_for_status()
-    from sglang_kimi.cli.dp_reports import merged_report
+    from sglang_kimi.launcher.dp_reports import merged_report
 
     return merged_report(response.json())

@@ -15,9 +15,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from sglang_kimi.cli.api_key import HELP as API_KEY_HELP
-from sglang_kimi.cli.api_key import use_api_key
+from sglang_kimi.errors import command_failed
 from sglang_kimi.evals.errors import EvalError
+from sglang_kimi.launcher.api_key import HELP as API_KEY_HELP
+from sglang_kimi.launcher.api_key import use_api_key
 
 EVAL_EPILOG = """\
 verdict (exit code 0 pass, 1 fail, 2 error):
@@ -53,11 +54,6 @@ examples:
   sglang-kimi bench --launch --server-args "--attention-backend kimi_cpu --speculative-algorithm DFLASH \
       --speculative-draft-model-path DRAFTER" --baseline-url http://127.0.0.1:30000 --data-dir /data/gsm8k  # CPU
 """
-
-
-def _fail(message: str, code: int = 2) -> int:
-    print(f"sglang-kimi: error: {message}", file=sys.stderr)
-    return code
 
 
 def _default_out(kind: str) -> Path:
@@ -207,12 +203,12 @@ def _check_eval_servers(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.eval_task != "gsm8k":
-        return _fail("name the task: sglang-kimi eval gsm8k --help")
+        return command_failed("name the task: sglang-kimi eval gsm8k --help")
     use_api_key(args.api_key)
     try:
         return _eval_gsm8k(args)
     except EvalError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -310,7 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_output_dir(out_dir)
         return run_bench_command(args, out_dir)
     except EvalError as exc:
-        return _fail(str(exc))
+        return command_failed(str(exc))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

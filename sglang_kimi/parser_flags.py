@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_kimi.hooks import hook
-from sglang_kimi.options import (
+from sglang_kimi.settings import (
     ADAPTIVE_CONFIG_FLAG,
     ADAPTIVE_FLAG,
     ADAPTIVE_PROFILE_FLAG,

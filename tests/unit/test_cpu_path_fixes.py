@@ -1,4 +1,4 @@
-"""The hooks around SGLang's CPU speculative bugs (``sglang_kimi/platform/cpu/sglang_fixes.py``) and the ``kimi_cpu``
+"""The hooks around SGLang's CPU speculative bugs (``sglang_kimi/platform/cpu/cpu_path_fixes.py``) and the ``kimi_cpu``
 registration,
 through SGLang's own argument resolution where they act on it.
 
@@ -29,8 +29,8 @@ else:
 
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
-    from sglang_kimi.cli.server import TINY_MODEL
-    from sglang_kimi.platform.cpu import sglang_fixes
+    from sglang_kimi.assets import TINY_MODEL
+    from sglang_kimi.platform.cpu import cpu_path_fixes
     from sglang_kimi.speculative import draft_input_embeds
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
@@ -104,16 +104,16 @@ for argv in json.loads(sys.argv[1]):
         assert window.startswith("ERROR=") and "--speculative-draft-window-size must be >=" in window, window
 
     def test_tree_mask_layout_follows_the_verify_backend(monkeypatch):
-        monkeypatch.setattr(sglang_fixes, "_verify_attention_backend", lambda: "kimi_cpu")
-        assert sglang_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.QLEN_ONLY
-        monkeypatch.setattr(sglang_fixes, "_verify_attention_backend", lambda: "intel_amx")
-        assert sglang_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.QLEN_ONLY
-        monkeypatch.setattr(sglang_fixes, "_verify_attention_backend", lambda: "triton")
-        assert sglang_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.FULL_MASK
+        monkeypatch.setattr(cpu_path_fixes, "_verify_attention_backend", lambda: "kimi_cpu")
+        assert cpu_path_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.QLEN_ONLY
+        monkeypatch.setattr(cpu_path_fixes, "_verify_attention_backend", lambda: "intel_amx")
+        assert cpu_path_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.QLEN_ONLY
+        monkeypatch.setattr(cpu_path_fixes, "_verify_attention_backend", lambda: "triton")
+        assert cpu_path_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == TreeMaskMode.FULL_MASK
         import sglang.srt.utils as utils
 
         monkeypatch.setattr(utils, "is_cpu", lambda: False)  # other devices: SGLang's own choice
-        assert sglang_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == "upstream"
+        assert cpu_path_fixes._tree_mask_mode_for_verify_backend(lambda: "upstream") == "upstream"
 
     def test_record_stream_is_skipped_for_cpu_tensors_only_while_the_worker_runs():
         stream = torch.get_device_module("cpu").current_stream()
@@ -125,14 +125,14 @@ for argv in json.loads(sys.argv[1]):
             return "forwarded"
 
         cpu_worker = SimpleNamespace(device="cpu")
-        forwarded = sglang_fixes._dflash_forward_without_cpu_record_stream(forward, cpu_worker, torch.zeros(2))
+        forwarded = cpu_path_fixes._dflash_forward_without_cpu_record_stream(forward, cpu_worker, torch.zeros(2))
         assert forwarded == "forwarded"
         assert "record_stream" not in torch.Tensor.__dict__  # restored
         with pytest.raises((RuntimeError, TypeError)):
             torch.zeros(2).record_stream(stream)
         gpu_worker = SimpleNamespace(device="cuda:0")  # any other device runs the worker untouched
         with pytest.raises((RuntimeError, TypeError)):
-            sglang_fixes._dflash_forward_without_cpu_record_stream(forward, gpu_worker, torch.zeros(2))
+            cpu_path_fixes._dflash_forward_without_cpu_record_stream(forward, gpu_worker, torch.zeros(2))
 
     def test_input_embeds_reach_the_model_in_its_dtype():
         from sglang.srt.model_executor.model_runner import ModelRunner

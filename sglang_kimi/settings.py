@@ -1,6 +1,6 @@
 """The plugin's own server options and switches (a leaf module: imports nothing of the plugin).
 
-``--speculative-dflash-tree-budget N`` (added to SGLang's parser by ``flags.py``) switches DFLASH to DDTree draft
+``--speculative-dflash-tree-budget N`` (added to SGLang's parser by ``parser_flags.py``) switches DFLASH to DDTree draft
 trees; ``--speculative-kimi-adaptive`` chooses the draft width of every step from measured acceptance and cost.
 SGLang's ``ServerArgs`` is a closed record, so the plugin's values ride on it as bookkeeping
 (``server_args._sglang_kimi``, pickled into every subprocess like SGLang's own ``_launch_command``).
@@ -61,7 +61,3 @@ def plugin_args(server_args) -> PluginArgs:
 
 def debug_greedy_verify() -> bool:
     return os.environ.get(DEBUG_GREEDY_VERIFY_ENV, "0") == "1"
-
-
-class SpeculativeConfigError(ValueError):
-    """A speculative decoding setting that cannot be served; the message names the values and the fix."""
