@@ -24,7 +24,8 @@ for the *same device and dtype* whose shape is nearest (same N if possible, then
 ``kernels/configs/moe/PROVENANCE.json`` (source file, Triton version directory, reason). They are better than
 SGLang's generic defaults for a shape it has no file for, and they are replaced, row by row for the verify M values,
 when ``sglang-kimi tune moe`` (``moe_tuner.tune_moe``) is run on the GPU. Regenerate them with
-``moe_tuner.derive_starting_tables``. This module is what serving imports; the offline tuner is ``moe_tuner.py``.
+``derive_starting_tables`` in ``tests/support/moe_tables.py`` (the tests check it reproduces them). This module is
+what serving imports; the offline tuner is ``moe_tuner.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Speculative decoding algorithms in pure PyTorch (no SGLang), installed as ``sglang_kimi.speculators``.
 
+Its twin by name, ``sglang_kimi/speculative/``, is the SGLang side: the workers, hooks and checks that call these
+algorithms on SGLang's batches. Nothing here imports it (``tests/unit/test_structure.py``).
+
 What serving imports, each algorithm in one module:
 
 - :mod:`.trees`: :class:`DraftTree` (the one set of sentinels), chains, EAGLE dynamic trees, SGLang's retrieve arrays.

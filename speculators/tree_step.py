@@ -1,19 +1,20 @@
-"""A DDTree step on each side of the target forward, as two static-shape functions.
+"""A DDTree step on each side of the target forward, as static-shape functions.
 
 - :func:`draft_side`: the drafter's hidden states at the block's draft positions -> the target's LM head -> each
   position's best K tokens (:mod:`.ddtree`'s ranking) -> the DDTree of ``width`` nodes, or the chain of argmax drafts
   -> padded to the verify window of N = width + 1 slots, with each node's position and the tree's ancestor mask.
-- :func:`verify_side`: the target's rows at the N nodes (logits for greedy, probabilities and coins for sampling)
-  -> tree verification (:func:`.verify.verify_tree`) -> the committed tokens (accepted drafts, then the bonus), the
-  path-first order of the window (:func:`.window.path_first_order`), and the slots, columns and draft-KV rows the
-  commit writes.
+- the verify side: the target's rows at the N nodes (logits for greedy, probabilities and coins for sampling)
+  -> tree verification (:func:`.verify.verify_tree`) -> :func:`commit_layout`: the committed tokens (accepted drafts,
+  then the bonus), the path-first order of the window (:func:`.window.path_first_order`), and the slots, columns and
+  draft-KV rows the commit writes.
 
 Every output's shape is fixed by (batch, width, block), nothing reads the device on the host, and no shape depends
 on data: a CUDA graph per (batch bucket, width) can hold each side, and SGLang's overlap scheduler can run the host
 a step ahead. ``tests/unit/test_tree_step.py`` proves it on CPU with ``torch.compile(fullgraph=True,
-dynamic=False)`` and ``torch.export(strict=True)`` at several batch sizes and widths. Under tensor parallelism the
-ranking is :func:`rank_draft_hidden_sharded` (each rank's :func:`.ddtree.shard_candidates`, packed into one
-all-gather, merged), inside :func:`draft_side` too, so the draft side with its one collective is one graph as well.
+dynamic=False)`` and ``torch.export(strict=True)`` at several batch sizes and widths (the verify side as one
+function: ``verify_side`` in ``tests/support/verify_layout.py``). Under tensor parallelism the ranking is
+:func:`rank_draft_hidden_sharded` (each rank's :func:`.ddtree.shard_candidates`, packed into one all-gather, merged),
+inside :func:`draft_side` too, so the draft side with its one collective is one graph as well.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .ddtree import (
     shard_candidates,
 )
 from .trees import DraftTree, build_chain
-from .verify import Coins, VerifyResult, verify_tree
+from .verify import VerifyResult
 from .window import pad_tree, path_first_order
 
 OUT_TOKEN_PAD = 0  # past a request's commit: SGLang reads only its first commit_len tokens; 0 keeps gathers in range
@@ -134,23 +135,6 @@ def chain_window(
     positions [B, N], ancestor mask [B, N, N] bool)."""
     drafted = pad_tree(build_chain(root, drafts), window)
     return drafted, drafted.positions(prefix_lens), drafted.ancestor_mask()
-
-
-def verify_side(
-    tree: DraftTree,
-    verify_slots: torch.Tensor,
-    draft_rows: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    *,
-    target_logits: torch.Tensor | None = None,
-    target_probs: torch.Tensor | None = None,
-    coins: Coins | None = None,
-    ancestor: torch.Tensor | None = None,
-) -> CommitLayout:
-    """Verify the window (greedy from target_logits [B, N, V], or sampled from target_probs [B, N, V] with coins)
-    and lay out its commit (:func:`commit_layout`). ``ancestor`` [B, N, N]: :func:`draft_side`'s mask, reused."""
-    result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
-    return commit_layout(result, verify_slots, draft_rows, prefix_lens)
 
 
 @dataclass

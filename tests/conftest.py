@@ -6,6 +6,12 @@
   processes on CPU), ``gpu`` (a CUDA or ROCm device).
 - Under ``pytest -n 2`` (``make test``) each of two worker processes runs one lane of the tests, with its own
   server pool (``support.lanes``).
+- A file marked ``pytestmark = pytest.mark.cpu_sglang_child`` (or ``interpreted_sglang_child``) runs in an SGLang
+  child process: here it is one test that runs the file there (``support.child_process``); the files marked
+  ``cpu_sglang_child`` share one child, the ``cpu_sglang_child`` fixture.
+- The tests' shared machinery and helpers are in ``support`` (``tests/support/``): the repository's paths
+  (``support.paths``), the servers and the e2e helpers (``support.servers``, ``support.spec_e2e``), the drafter
+  checkpoints written for a test (``support.drafter_checkpoints``), the child processes, ...
 """
 
 import os
@@ -28,6 +34,7 @@ if "torch" in sys.modules:
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from support.child_process import make_child_module  # noqa: E402
 from support.lanes import LaneScheduling, lane_of_path  # noqa: E402
 
 LAYERS = ("unit", "statistical", "e2e", "gpu")
@@ -48,6 +55,13 @@ def xdist_worker(config) -> bool:
 def items_here(session, lanes) -> list:
     """The session's items that run in this process: all of them, or under ``pytest -n`` those of ``lanes``."""
     return [item for item in session.items if not xdist_worker(session.config) or lane(item) in lanes]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path, parent):
+    """A file marked to run in an SGLang child process is, outside that child, one test that runs it there (never
+    imported here: its module-level SGLang imports need the child's environment)."""
+    return make_child_module(module_path, parent)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -108,17 +122,17 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def cpu_sglang_child(request, tmp_path_factory):
-    """The session's CPU SGLang child process, shared by the selected tests that use this fixture: each module
-    defines ``CHILD_ENV``, which selects its own tests in the child (``support.child_process.CpuSglangChild``)."""
+    """The session's CPU SGLang child process, which runs every selected file marked ``cpu_sglang_child`` (of the
+    lanes that run here): their tests here, one per file, use this fixture (``support.child_process``)."""
     from support.child_process import CpuSglangChild
 
     lanes = request.config.stash.get(LANES_STARTED, [])
     files = {
-        str(Path(str(item.fspath)).resolve()): item.module.CHILD_ENV
+        str(Path(str(item.fspath)).resolve())
         for item in items_here(request.session, lanes)
         if "cpu_sglang_child" in item.fixturenames
     }
-    return CpuSglangChild(files, tmp_path_factory.mktemp("cpu_sglang_child"))
+    return CpuSglangChild(sorted(files), tmp_path_factory.mktemp("cpu_sglang_child"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -141,18 +141,8 @@ class LayerScale:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# FP8 round trip (what SGLang's pools and kernels do) and re-encoding stored rows
+# Re-encoding stored FP8 rows
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def fp8_store(x: torch.Tensor, scale: float, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
-    """What an SGLang pool stores: ``(x / scale).to(fp8)`` (torch saturates at +-448)."""
-    return (x / scale).to(dtype)
-
-
-def fp8_load(stored: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """What an attention kernel reads: ``stored * scale`` (``k_descale``)."""
-    return stored.to(dtype) * scale
 
 
 def reencode_(buffer: torch.Tensor, fp8_dtype: torch.dtype, ratio: float, chunk: int = 1 << 16) -> None:

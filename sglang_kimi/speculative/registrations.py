@@ -38,7 +38,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "exact-penalties-dflash",
         "sglang.srt.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
-        f"{_WORKERS}.penalties:install_dflash_chain",
+        f"{_WORKERS}.penalty_hooks:install_dflash_chain",
         "upstream bug: DFLASH verify skips or misplaces penalties, min_new_tokens and custom logit processors; each "
         "position gets those of its own output sequence",
         hooks=(f"{_DFLASH_WORKER}.forward_batch_generation", f"{_DFLASH_WORKER}._accept_block"),
@@ -46,13 +46,13 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "exact-penalties-sync",
         "sglang.srt.managers.schedule_batch.ScheduleBatch.grammar_needs_sync",
-        f"{_WORKERS}.penalties:install_penalty_sync",
+        f"{_WORKERS}.penalty_hooks:install_penalty_sync",
         "a speculative batch with penalties or custom logit processors runs the synchronous path, as grammar does",
     ),
     Entry(
         "deterministic-penalty-order",
         "sglang.srt.sampling.penaltylib.orchestrator.BatchedPenalizerOrchestrator.__init__",
-        f"{_WORKERS}.penalties:install_penalty_order",
+        f"{_WORKERS}.penalty_hooks:install_penalty_order",
         "upstream bug: the synchronous sampler's penalizer order differs between processes; additive ones first, "
         "as the speculative verify applies them",
     ),

@@ -3,7 +3,7 @@
 ``SERVERS``."""
 
 import pytest
-from spec_common import TINY
+from support.spec_e2e import TINY
 
 
 @pytest.fixture(scope="module")

@@ -23,17 +23,10 @@ import re
 
 import pytest
 import requests
-from spec_common import (
-    KIMI_CPU,
-    TINY,
-    TINY_DFLASH,
-    TINY_EAGLE3,
-    check_greedy_parity,
-    greedy_reference,
-    gsm8k_prompts,
-    sampled_pit_pvalue,
-)
 from support.servers import server_config
+from support.spec_e2e import KIMI_CPU, TINY, check_greedy_parity, greedy_reference, gsm8k_prompts, sampled_pit_pvalue
+
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
 
 pytestmark = pytest.mark.e2e
 

@@ -25,9 +25,10 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TINY, TINY_DFLASH, generate, generate_all, gsm8k_prompts, spec_metrics
 from support.servers import launch, server_config
+from support.spec_e2e import KIMI_CPU, TINY, generate, generate_all, gsm8k_prompts, spec_metrics
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.models import tiny
 
 pytestmark = pytest.mark.e2e

@@ -2,11 +2,10 @@
 with the plain tiny model, and random prompts of a fixed length."""
 
 import json
-from pathlib import Path
 
 import pytest
-from spec_common import TINY
 from support.data import GSM8K_DIR
+from support.spec_e2e import TINY
 
 from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.cli import main as cli
@@ -14,7 +13,6 @@ from sglang_kimi.cli import main as cli
 pytestmark = pytest.mark.e2e
 SERVERS = [TINY]
 
-REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = GSM8K_DIR
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,8 @@ encoded wrongly would rarely be accepted past the first token.
 """
 
 import pytest
-from spec_common import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts
 from support.servers import server_config
+from support.spec_e2e import DFLASH_TREE, KIMI_CPU, generate_all, gsm8k_prompts
 
 from sglang_kimi.launcher.server import fetch_plugin_state
 

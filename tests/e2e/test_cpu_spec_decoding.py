@@ -49,15 +49,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
-from spec_common import (
+from support.processes import busy_while_idle
+from support.processors import serialized
+from support.servers import server_config
+from support.spec_e2e import (
     DFLASH_TREE,
     EAGLE3_TREE,
     KIMI_CPU,
     SAMPLED_CONCURRENCY,
     SHARED_TREES,
     TINY,
-    TINY_DFLASH,
-    TINY_EAGLE3,
     TREE_SERVERS,
     check_greedy_parity,
     conditionals,
@@ -74,9 +75,8 @@ from spec_common import (
     shared_tree_server,
     spec_metrics,
 )
-from support.processors import serialized
-from support.servers import server_config
 
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
 from sglang_kimi.launcher.server import (
     fetch_plugin_state,
 )
@@ -581,3 +581,11 @@ def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(tiny_server):
             name,
             state["registrations"][name],
         )
+
+
+def test_an_idle_speculative_server_waits_instead_of_polling(spec_server, prompts):
+    """After a speculative step no process of the server spins: the tree servers stay up for the whole session,
+    idle between the modules that share them."""
+    generate_all(spec_server.base_url, prompts[:2], 2, max_new_tokens=8)
+    busy = busy_while_idle(spec_server)
+    assert not busy, f"idle server processes using a core: {busy}"

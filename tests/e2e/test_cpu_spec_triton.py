@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import requests
 import torch
-from spec_common import TINY
 from support.servers import server_config
+from support.spec_e2e import TINY
 
 from sglang_kimi.assets import TINY_EAGLE3
 from sglang_kimi.cli.demo import mode_args
@@ -42,7 +42,7 @@ def generate(url: str, max_new_tokens: int = TOKENS) -> dict:
 
 
 def transformers_logprobs(output_ids: list[int]) -> torch.Tensor:
-    from sglang_kimi.models.tiny import load_hf_reference
+    from support.hf_reference import load_hf_reference
 
     model, tokenizer = load_hf_reference()
     ids = tokenizer(PROMPT)["input_ids"]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from spec_common import TINY, TREE_SERVERS, shared_tree_server
 from support.data import GSM8K_DIR
 from support.fake_servers import serve
+from support.spec_e2e import TINY, TREE_SERVERS, shared_tree_server
 
 from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.cli import main as cli

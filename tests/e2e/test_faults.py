@@ -25,10 +25,11 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from spec_common import KIMI_CPU, TINY, TINY_DFLASH, generate_all, gsm8k_prompts, spec_metrics
 from support.processes import children
 from support.servers import server_config
+from support.spec_e2e import KIMI_CPU, TINY, generate_all, gsm8k_prompts, spec_metrics
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, group_alive, launch_command
 
 TREE = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-budget", "16"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.paths import DOCKER
 from support.processes import children
 from support.wheel import build_wheel
 
@@ -27,8 +28,7 @@ from sglang_kimi.launcher.server import LaunchSpec, ServerProcess, fetch_plugin_
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-INSTALL_SH = REPO / "docker" / "install.sh"
+INSTALL_SH = DOCKER / "install.sh"
 WHEEL_ENV = "SGLANG_KIMI_WHEEL"
 HOST = "127.0.0.1"
 PROMPT = (

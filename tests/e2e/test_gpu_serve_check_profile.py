@@ -5,8 +5,8 @@ for and writes its trace where the script looks; the profiled requests are then 
 from __future__ import annotations
 
 import pytest
-from spec_common import TINY, TREE_SERVERS, shared_tree_server
 from support.repo_scripts import load_script
+from support.spec_e2e import TINY, TREE_SERVERS, shared_tree_server
 
 from sglang_kimi.cli.demo import gsm8k_prompt, load_questions
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from spec_common import TINY, gsm8k_prompts
 from support.servers import server_config
+from support.spec_e2e import TINY, gsm8k_prompts
 
 PENALISED = {"frequency_penalty": 0.5, "repetition_penalty": 1.3, "min_new_tokens": 4}
 CONSTRAINED = {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})}

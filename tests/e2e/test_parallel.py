@@ -23,18 +23,11 @@ import time
 
 import pytest
 import requests
-from spec_common import (
-    EAGLE3_TREE,
-    KIMI_CPU,
-    TINY,
-    TINY_DFLASH,
-    generate_all,
-    gsm8k_prompts,
-    sampled_pit_pvalue,
-)
 from support.processes import cpu_seconds, titled
 from support.servers import server_config
+from support.spec_e2e import EAGLE3_TREE, KIMI_CPU, TINY, generate_all, gsm8k_prompts, sampled_pit_pvalue
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.launcher.dp_reports import reports
 from sglang_kimi.launcher.server import fetch_plugin_state, group_members
 

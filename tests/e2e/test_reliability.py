@@ -3,7 +3,7 @@ DFLASH-tree server (each answered 4xx or validly, the server still generating af
 all of them), and 200 concurrent mixed greedy / sampled requests with clients dropping their streams midway, against
 DFLASH-tree and EAGLE3-tree servers (every greedy output equal to the non-speculative server's); the sampling
 support a DFLASH tree reports for its committed tokens against the target's, and prompts given as embeddings. The
-tree servers are the session's (``spec_common.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8
+tree servers are the session's (``support.spec_e2e.shared_tree_server``: DDTree budget 32, EAGLE3 3 steps / topk 4 / 8
 draft tokens)."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
-from spec_common import (
+from support.servers import server_config
+from support.spec_e2e import (
     DFLASH_TREE,
     KIMI_CPU,
     TINY,
@@ -29,7 +30,6 @@ from spec_common import (
     shared_tree_server,
     spec_metrics,
 )
-from support.servers import server_config
 
 from sglang_kimi.assets import TINY_MODEL
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from spec_common import TINY
-from support.processes import tagged
+from support.processes import busy_while_idle, tagged
 from support.served_logprobs import compare_logprobs
+from support.spec_e2e import TINY
 
 from sglang_kimi.launcher.server import fetch_plugin_state
 from sglang_kimi.plugin import CUDA_STAND_IN, REGISTRATIONS
@@ -103,8 +103,7 @@ def test_greedy_is_deterministic_sequential_and_batched(tiny_server):
 def test_logprobs_match_transformers_prefill_and_decode(tiny_server):
     """SGLang (float32, CPU, with the plugin's absorbed-MLA fix) computes what transformers' DeepseekV3 computes."""
     import torch
-
-    from sglang_kimi.models.tiny import load_hf_reference
+    from support.hf_reference import load_hf_reference
 
     model, tokenizer = load_hf_reference()
     compared = compare_logprobs(tiny_server.base_url, model, tokenizer, PROMPT)
@@ -144,3 +143,11 @@ def test_demo_prints_answers_and_stops_the_server(tiny_server, tmp_path):
         assert f"{entry.name}" in text
     assert "NOT LOADED" not in text and "failed" not in text
     assert not tagged(DEMO_TAG, tag), "the demo left processes behind"
+
+
+def test_an_idle_server_waits_instead_of_polling(tiny_server):
+    """Once its requests are answered no process of the server spins: an idle server beside the tests (the session
+    keeps several) must not take their cores."""
+    generate(tiny_server.base_url, PROMPT, max_new_tokens=8)
+    busy = busy_while_idle(tiny_server)
+    assert not busy, f"idle server processes using a core: {busy}"

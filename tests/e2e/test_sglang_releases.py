@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support.paths import SCRIPTS, scripts_importable
 
 from sglang_kimi import SUPPORTED_SGLANG
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+scripts_importable()
 import check_sglang_range  # noqa: E402
 
 
@@ -35,7 +34,7 @@ def test_the_strict_audit_passes_on_every_other_supported_release(tmp_path):
     others = [v for v in check_sglang_range.DEFAULT_VERSIONS if v != sglang.version.__version__]
     out = tmp_path / "range.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check_sglang_range.py"), "--versions", ",".join(others),
+        [sys.executable, str(SCRIPTS / "check_sglang_range.py"), "--versions", ",".join(others),
          "--steps", "audit", "--scratch", str(tmp_path / "scratch"), "--out", str(out)],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip

@@ -12,26 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from drafters import write_dflash, write_eagle3
+from support.drafter_checkpoints import write_dflash, write_eagle3
+from support.servers import cpu_args
 
 from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.launcher.server import ANY_PORT, LaunchError, ServerProcess, launch_command, sglang_env
 
 pytestmark = pytest.mark.e2e
 
-CPU_ARGS = [
-    "--device",
-    "cpu",
-    "--sampling-backend",
-    "pytorch",
-    "--cuda-graph-backend-decode",
-    "disabled",
-    "--cuda-graph-backend-prefill",
-    "disabled",
-    "--dtype",
-    "float32",
-    "--language-model-only",
-]
+CPU_ARGS = cpu_args()
 
 RESOLVE = """
 import json, sys

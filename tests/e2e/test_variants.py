@@ -24,6 +24,7 @@ import pytest
 import requests
 import torch
 from support.data import GSM8K_DIR
+from support.hf_reference import load_hf_reference
 from support.served_logprobs import compare_logprobs
 
 from sglang_kimi.assets import TINY_MODEL
@@ -38,7 +39,6 @@ from sglang_kimi.launcher.server import (
 )
 from sglang_kimi.models import kv_calibration, kv_scales
 from sglang_kimi.models.quant import formats
-from sglang_kimi.models.tiny import load_hf_reference
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 
 pytestmark = pytest.mark.e2e

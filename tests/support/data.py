@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
+
 GSM8K_DIR = REPO / "data" / "gsm8k"
 
 

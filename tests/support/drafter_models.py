@@ -6,17 +6,16 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import scripts_importable
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "drafters"
 ASSET_BUDGET_BYTES = 3 * 1024 * 1024
 
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))
+scripts_importable()
 
 
 def fixture(name: str) -> dict:

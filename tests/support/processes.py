@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -45,3 +46,29 @@ def cpu_seconds(pid: int) -> float:
     """CPU time ``pid`` has used so far (user + system)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_core_share(pids, wait_s: float = 3.0) -> dict[int, float]:
+    """pid -> the share of one core each of ``pids`` used over the next ``wait_s`` seconds (user + system time of all
+    its threads). Read over a window, not as ``ps``'s %CPU, which averages over the process's life and so counts a
+    server's start-up long after it ended."""
+    pids = list(pids)
+    before = {pid: cpu_seconds(pid) for pid in pids}
+    time.sleep(wait_s)
+    return {pid: (cpu_seconds(pid) - before[pid]) / wait_s for pid in pids}
+
+
+IDLE_CORE_SHARE = 0.2  # a process that polls instead of waiting takes most of a core, even beside busy ones
+
+
+def busy_while_idle(server, settle_s: float = 1.0, wait_s: float = 3.0) -> dict[str, float]:
+    """The processes of ``server`` (a ``launcher.server.ServerProcess`` with no request in flight) that use more than
+    :data:`IDLE_CORE_SHARE` of a core over ``wait_s`` seconds, ``settle_s`` after its last answer: name and pid ->
+    share. Empty when every process waits (SGLang's scheduler with ``--sleep-on-idle``, which the launcher adds on
+    CPU, blocks on its sockets; without it the scheduler polls them in a loop)."""
+    from sglang_kimi.launcher.server import group_members
+
+    time.sleep(settle_s)
+    shares = idle_core_share(group_members(server.pgid), wait_s)
+    names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace") for pid in shares}
+    return {f"{names[pid]} ({pid})": share for pid, share in shares.items() if share > IDLE_CORE_SHARE}

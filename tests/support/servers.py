@@ -8,6 +8,7 @@
   tests run (the first ones while the unit tests do). A server is stopped by the fixture that used it, or,
   for one that several modules share, once the last module that lists it is done; idle servers sleep
   (``--sleep-on-idle``).
+- :func:`cpu_args`: the launcher's CPU defaults (``CPU_DEFAULTS``) of the flags a test names, as arguments.
 """
 
 from __future__ import annotations
@@ -16,10 +17,29 @@ import dataclasses
 import threading
 import time
 
-from sglang_kimi.launcher.server import ANY_PORT, ServerProcess, group_alive, launch_command
+from sglang_kimi.launcher.server import ANY_PORT, CPU_DEFAULTS, ServerProcess, group_alive, launch_command
 
 START_TIMEOUT = 600.0
 AHEAD = 2  # servers started before a test asks for them: each holds 1-3 GB while it waits
+# The launcher's CPU defaults that SGLang's argument resolution acts on, for the tests that resolve arguments
+# without starting a server (the KV pool, warm-up and idle flags matter only to a server; the attention backend is
+# each case's own)
+RESOLVE_CPU_FLAGS = (
+    "--device", "--sampling-backend", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill", "--dtype",
+    "--language-model-only",
+)  # fmt: skip
+
+
+def cpu_args(flags=RESOLVE_CPU_FLAGS) -> list[str]:
+    """The launcher's CPU defaults (``CPU_DEFAULTS``) of ``flags`` as command-line arguments, in its order: each
+    flag, then its value where it takes one."""
+    unknown = set(flags) - set(CPU_DEFAULTS)
+    assert not unknown, f"not among the launcher's CPU defaults: {sorted(unknown)}"
+    args = []
+    for flag, value in CPU_DEFAULTS.items():
+        if flag in flags:
+            args += [flag] if value is None else [flag, value]
+    return args
 
 
 def launch(tmp_path_factory, name: str, args: list[str] | None = None, env: dict[str, str] | None = None):

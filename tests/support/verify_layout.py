@@ -1,5 +1,11 @@
-"""The torch verification twin (``speculators.verify.walk_tree``) in the Triton kernel's interface (SGLang's layout),
-for tests that compare the kernel with it on CPU under the interpreter and on a GPU."""
+"""Verification laid out as its consumers read it, for tests.
+
+- :func:`twin`: the torch verification twin (``speculators.verify.walk_tree``) in the Triton kernel's interface
+  (SGLang's layout), for tests that compare the kernel with it on CPU under the interpreter and on a GPU.
+- :func:`verify_side`: the DDTree step's verify side (``speculators.verify.verify_tree``, then
+  ``speculators.tree_step.commit_layout``) as one function, which ``tests/unit/test_tree_step.py`` compiles whole and
+  exports.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_kimi.speculators.tree_step import CommitLayout, commit_layout
 from sglang_kimi.speculators.trees import DraftTree
-from sglang_kimi.speculators.verify import Coins, walk_tree
+from sglang_kimi.speculators.verify import Coins, verify_tree, walk_tree
 
 
 def twin(
@@ -44,3 +51,21 @@ def twin(
     )
     result.to_sglang(predicts, accept_index, accept_token_num)
     return SimpleNamespace(predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num)
+
+
+def verify_side(
+    tree: DraftTree,
+    verify_slots: torch.Tensor,
+    draft_rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    target_logits: torch.Tensor | None = None,
+    target_probs: torch.Tensor | None = None,
+    coins: Coins | None = None,
+    ancestor: torch.Tensor | None = None,
+) -> CommitLayout:
+    """Verify the window (greedy from target_logits [B, N, V], or sampled from target_probs [B, N, V] with coins)
+    and lay out its commit (``speculators.tree_step.commit_layout``). ``ancestor`` [B, N, N]: the draft side's mask
+    (``speculators.tree_step.draft_side``), reused."""
+    result = verify_tree(tree, target_logits=target_logits, target_probs=target_probs, coins=coins, ancestor=ancestor)
+    return commit_layout(result, verify_slots, draft_rows, prefix_lens)

@@ -277,13 +277,13 @@ def test_runtime_with_frequent_exploration_runs_many_widths():
 
 def test_the_grafana_dashboard_queries_metrics_the_plugin_exports():
     import re
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    dashboard = json.loads((root / "monitoring" / "grafana-sglang-kimi.json").read_text())
+    from support.paths import REPO
+
+    dashboard = json.loads((REPO / "monitoring" / "grafana-sglang-kimi.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"sglang_kimi:[a-z_]+", e)}
-    source = "\n".join(p.read_text() for p in (root / "sglang_kimi").rglob("*.py"))
+    source = "\n".join(p.read_text() for p in (REPO / "sglang_kimi").rglob("*.py"))
     exported = set(re.findall(r'"(sglang_kimi:[a-z_]+)"', source))
     exported |= {f"sglang_kimi:adaptive_{n}" for n in re.findall(r'gauge\(\s*"([a-z_]+)"', source)}
     assert names and names <= exported, f"dashboard metrics the plugin does not export: {sorted(names - exported)}"

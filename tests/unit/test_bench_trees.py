@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import BENCH
 
 
 def test_bench_trees_writes_json_and_png_with_same_trees(tmp_path):
@@ -33,7 +32,7 @@ def test_bench_trees_writes_json_and_png_with_same_trees(tmp_path):
         "--rank-vocab",
         "20000",
     ]
-    command = [sys.executable, str(REPO / "bench" / "bench_trees.py"), *sizes, "--output", str(output)]
+    command = [sys.executable, str(BENCH / "bench_trees.py"), *sizes, "--output", str(output)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(output.read_text())

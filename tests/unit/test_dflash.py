@@ -315,6 +315,7 @@ def test_compact_target_matches_hf_reference():
     """The benchmark's target (CompactDeepseekV3 through _drafter_common, with and without its prefix cache)
     equals transformers' DeepseekV3ForCausalLM with the same weights, under a tree-verify mask."""
     import _drafter_common as common
+    from support.hf_reference import load_hf_reference
     from support.targets import hf_target
 
     from sglang_kimi.models import tiny
@@ -322,7 +323,7 @@ def test_compact_target_matches_hf_reference():
     from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
     from sglang_kimi.speculators.reference.loop import causal_mask, tree_verify_inputs
 
-    hf, _ = tiny.load_hf_reference(dtype=torch.float32)
+    hf, _ = load_hf_reference(dtype=torch.float32)
     compact = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL, dtype=torch.float32)
     layers = [1, 3, 4]
     tokens = torch.tensor(gsm8k_test_prompts(1)[0][:24])

@@ -9,9 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.paths import DOCKER, REPO
 
-REPO = Path(__file__).resolve().parents[2]
-DOCKER = REPO / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile.cuda", DOCKER / "Dockerfile.rocm"]
 INSTALL_SH = DOCKER / "install.sh"
 HADOLINT_CONFIG = DOCKER / ".hadolint.yaml"

@@ -61,7 +61,7 @@ def test_what_the_readers_take_is_accepted(tmp_path):
 
 
 def test_every_variable_is_in_the_operations_table():
-    from pathlib import Path
+    from support.paths import DOCS
 
-    table = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = (DOCS / "operations.md").read_text()
     assert [name for name in VARIABLES if f"| `{name}` |" not in table] == []

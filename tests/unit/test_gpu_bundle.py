@@ -68,12 +68,12 @@ def test_the_ipython_stand_in_serves_sglangs_import():
     import subprocess
     import sys
 
-    from support.repo_scripts import REPO
+    from support.paths import SCRIPTS
 
     code = (
         "import IPython; from IPython.display import HTML, display; display(HTML('<b>x</b>')); print(IPython.__file__)"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts" / "gpu_shims"))
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS / "gpu_shims"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     shown, path = out.splitlines()
     assert shown == "<b>x</b>" and "gpu_shims" in path

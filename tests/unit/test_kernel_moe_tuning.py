@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from support.moe_tables import derive_starting_tables
 
 from sglang_kimi.kernels import active_overrides
 from sglang_kimi.kernels import moe_configs as mt
@@ -77,7 +78,7 @@ def test_shipped_tables_are_verbatim_copies_of_sglang_tables_for_missing_keys():
 
 
 def test_derive_starting_tables_reproduces_the_shipped_files(tmp_path):
-    provenance = tuner.derive_starting_tables(SGLANG_CONFIGS, tmp_path)
+    provenance = derive_starting_tables(SGLANG_CONFIGS, tmp_path)
     for name in provenance:
         assert (tmp_path / name).read_text() == (mt.SHIPPED_DIR / name).read_text()
     assert json.loads((tmp_path / mt.PROVENANCE_FILE).read_text()) == json.loads(

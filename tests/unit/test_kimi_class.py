@@ -7,25 +7,20 @@ SGLang's model modules need the CPU import shims, so the test runs in the sessio
 from __future__ import annotations
 
 import inspect
-import os
 
-CHILD_ENV = "SGLANG_KIMI_KIMI_CLASS_CHILD"
+import pytest
 
-if os.environ.get(CHILD_ENV) != "1":
+pytestmark = pytest.mark.cpu_sglang_child
 
-    def test_kimi_class_in_a_cpu_sglang_process(cpu_sglang_child):
-        cpu_sglang_child.check(__file__)
 
-else:
+def test_forward_keeps_every_parameter_of_sglangs_kimi_forward():
+    # SGLang's ModelRunner inspects the forward signature: ``pp_proxy_tensors`` there is what enables pipeline
+    # parallelism (``support_pp``); a parameter hidden in **kwargs turns the feature off
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Upstream
 
-    def test_forward_keeps_every_parameter_of_sglangs_kimi_forward():
-        # SGLang's ModelRunner inspects the forward signature: ``pp_proxy_tensors`` there is what enables pipeline
-        # parallelism (``support_pp``); a parameter hidden in **kwargs turns the feature off
-        from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Upstream
+    from sglang_kimi.models.kimi_k25 import KimiK25ForConditionalGeneration as Ours
 
-        from sglang_kimi.models.kimi_k25 import KimiK25ForConditionalGeneration as Ours
-
-        ours = inspect.signature(Ours.forward).parameters
-        missing = [name for name in inspect.signature(Upstream.forward).parameters if name not in ours]
-        assert missing == [], f"the plugin's Kimi forward hides SGLang's parameters {missing}"
-        assert "input_embeds" in ours
+    ours = inspect.signature(Ours.forward).parameters
+    missing = [name for name in inspect.signature(Upstream.forward).parameters if name not in ours]
+    assert missing == [], f"the plugin's Kimi forward hides SGLang's parameters {missing}"
+    assert "input_embeds" in ours

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from support.fp8_kv import fp8_load, fp8_store
 
 from sglang_kimi.launcher.server import sglang_env
 from sglang_kimi.models import kv_scales as K
@@ -69,21 +70,21 @@ def test_observe_only_never_freezes():
 
 def test_scale_one_clips_and_a_fitted_scale_does_not():
     x = torch.randn(4096, 288) * 1000  # large latent values, like outlier channels
-    clipped = K.fp8_load(K.fp8_store(x, 1.0), 1.0)
+    clipped = fp8_load(fp8_store(x, 1.0), 1.0)
     assert clipped.abs().max() == 448.0 and (x.abs() > 448).float().mean() > 0.5
     assert (clipped - x).abs().max() > 2000
     s = K.RULE.scale(x.abs().max().item())
-    back = K.fp8_load(K.fp8_store(x, s), s)
+    back = fp8_load(fp8_store(x, s), s)
     normal = x.abs() > s * 2**-6  # FP8 e4m3 normals: 3 mantissa bits, relative error <= 2^-4
     assert ((back - x).abs()[normal] <= x.abs()[normal] * 2**-4).all()
 
 
 def test_reencode_is_exact_for_power_of_two_ratios():
     x = torch.randn(1000, 64) * 50
-    stored = K.fp8_store(x, 0.25).view(torch.uint8).clone()  # the pool's uint8 storage
-    before = K.fp8_load(stored.view(torch.float8_e4m3fn), 0.25)
+    stored = fp8_store(x, 0.25).view(torch.uint8).clone()  # the pool's uint8 storage
+    before = fp8_load(stored.view(torch.float8_e4m3fn), 0.25)
     K.reencode_(stored, torch.float8_e4m3fn, 0.25 / 2.0, chunk=300)  # scale 0.25 -> 2.0
-    after = K.fp8_load(stored.view(torch.float8_e4m3fn), 2.0)
+    after = fp8_load(stored.view(torch.float8_e4m3fn), 2.0)
     normal = before.abs() >= 2.0 * 2**-6
     assert torch.equal(after[normal], before[normal])
     assert ((after - before).abs() <= 2.0 * 2**-9).all()  # only values pushed into subnormals move, by < 1 ulp
@@ -257,7 +258,7 @@ def test_fp8_kv_with_scale_one_is_wrong_and_dynamic_scales_fix_it(large_latent_m
     def scale_one(i):
         def cache(row):
             seen[i] = row.abs().max().item()
-            return K.fp8_load(K.fp8_store(row, 1.0), 1.0)
+            return fp8_load(fp8_store(row, 1.0), 1.0)
 
         return cache
 
@@ -269,7 +270,7 @@ def test_fp8_kv_with_scale_one_is_wrong_and_dynamic_scales_fix_it(large_latent_m
 
         def cache(row):
             state.observe(row.abs().max().item(), row[..., :256].abs().max().item(), row.shape[1], K.RULE)
-            return K.fp8_load(K.fp8_store(row, state.k_scale), state.k_scale)
+            return fp8_load(fp8_store(row, state.k_scale), state.k_scale)
 
         return cache
 

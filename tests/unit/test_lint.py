@@ -2,9 +2,8 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -6,9 +6,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 from support.wheel import build_wheel
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -265,9 +265,9 @@ def test_embedded_drafters_load_with_sglang_loaders():
     import subprocess
     import sys
 
-    from support.drafter_models import REPO
+    from support.paths import SCRIPTS
 
-    script = REPO / "scripts" / "_drafter_sglang_check.py"
+    script = SCRIPTS / "_drafter_sglang_check.py"
     run = subprocess.run(
         [sys.executable, str(script), str(TINY_DFLASH), str(TINY_EAGLE3)],
         capture_output=True,

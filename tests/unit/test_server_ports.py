@@ -75,7 +75,7 @@ def test_a_port_the_user_chose_is_never_replaced(tmp_path, taken_port):
 
 def test_free_port_never_hands_out_a_port_twice(monkeypatch):
     """The kernel may offer a released port again; servers started side by side must still get distinct ones."""
-    from sglang_kimi.cli import launch_checks
+    from sglang_kimi.launcher import checks as launch_checks
 
     offered = iter([41000, 41000, 41000, 41001])
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.data import gsm8k_items
+from support.hf_reference import load_hf_reference
 
 from sglang_kimi.models import tiny
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
@@ -271,7 +272,7 @@ def test_chat_template_renders_kimi_style(tokenizer):
 
 
 def test_hf_reference_matches_compact_model(compact):
-    hf, tok = tiny.load_hf_reference()
+    hf, tok = load_hf_reference()
     assert type(hf).__name__ == "DeepseekV3ForCausalLM" and len(tok) == 4096
     torch.manual_seed(0)
     ids = torch.randint(0, tiny.VOCAB_SIZE, (2, 96))

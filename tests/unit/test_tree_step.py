@@ -1,13 +1,15 @@
-"""The DDTree step's two sides (``speculators/tree_step.py``) hold no host synchronisation and no data-dependent
-shape: each compiles with ``torch.compile(fullgraph=True, dynamic=False)`` and exports with
-``torch.export(strict=True)`` at several batch sizes and widths, and the compiled and exported functions give the
-eager results. A function that reads the device on the host fails both checks (the checks can fail)."""
+"""The DDTree step's two sides (``speculators/tree_step.py``; the verify side as one function:
+``support.verify_layout.verify_side``) hold no host synchronisation and no data-dependent shape: each compiles with
+``torch.compile(fullgraph=True, dynamic=False)`` and exports with ``torch.export(strict=True)`` at several batch
+sizes and widths, and the compiled and exported functions give the eager results. A function that reads the device
+on the host fails both checks (the checks can fail)."""
 
 import pytest
 import torch
+from support.verify_layout import verify_side
 
 from sglang_kimi.speculators.reference.heap import ddtree_heap
-from sglang_kimi.speculators.tree_step import draft_side, verify_side
+from sglang_kimi.speculators.tree_step import draft_side
 from sglang_kimi.speculators.trees import SORT_RANK_MAX, DraftTree
 from sglang_kimi.speculators.verify import random_coins
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors import safe_open
+from support.quant_formats import quantized_modules
 
 from sglang_kimi.assets import TINY_MODEL
 from sglang_kimi.launcher.server import sglang_env
@@ -171,7 +172,7 @@ def test_int4_variant_layout(variants):
     assert cfg["text_config"]["quantization_config"] == F.int4_quantization_config()
     assert F.format_of(cfg) == F.INT4
     src, sd = _tensors(TINY_MODEL), _tensors(variants[F.INT4])
-    quantized = F.quantized_modules(sd, F.INT4)
+    quantized = quantized_modules(sd, F.INT4)
     assert len(quantized) == 5 * 8 * 3  # every routed expert projection of the 5 MoE layers, nothing else
     assert all(".mlp.experts." in m for m in quantized)
     p = "language_model.model.layers.2.mlp.experts.5."
@@ -208,7 +209,7 @@ def test_mxfp4_variant_layout(variants):
         )
     assert q["exclude"] == list(F.KIMI_K26_MXFP4_EXCLUDE)
     src, sd = _tensors(TINY_MODEL), _tensors(variants[F.MXFP4])
-    quantized = F.quantized_modules(sd, F.MXFP4)
+    quantized = quantized_modules(sd, F.MXFP4)
     assert len(quantized) == 5 * 8 * 3 and all(".mlp.experts." in m for m in quantized)
     p = "language_model.model.layers.4.mlp.experts.1."
     assert sd[p + "up_proj.weight"].dtype == torch.uint8 and sd[p + "up_proj.weight"].shape == (128, 256 // 2)
@@ -240,7 +241,7 @@ def test_dequantized_reference_is_close_to_the_bf16_model(variants, fmt, tmp_pat
 
 def test_amd_k25_variant_quantizes_shared_experts_and_the_dense_mlp(tmp_path):
     path = F.write_named_variant(TINY_MODEL, tmp_path / "amd", "mxfp4-amd-k25")
-    quantized = F.quantized_modules(_tensors(path), F.MXFP4)
+    quantized = quantized_modules(_tensors(path), F.MXFP4)
     assert "language_model.model.layers.0.mlp.gate_proj" in quantized  # dense layer-0 MLP
     assert "language_model.model.layers.3.mlp.shared_experts.down_proj" in quantized
     assert not any("self_attn" in m or "lm_head" in m or m.endswith("mlp.gate") for m in quantized)

@@ -449,9 +449,3 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path) -> Path:
     if isinstance(config.get("text_config"), dict):
         config["text_config"].pop("quantization_config", None)
     return _write_checkpoint(src, dst, config, dequantize_state_dict(sd, fmt))
-
-
-def quantized_modules(sd: Mapping[str, torch.Tensor], fmt: str) -> list[str]:
-    """Names of the modules stored quantized in a state dict."""
-    suffix = ".weight_packed" if fmt == INT4 else ".weight_scale"
-    return sorted(name[: -len(suffix)] for name in sd if name.endswith(suffix))

@@ -10,20 +10,17 @@ from __future__ import annotations
 import functools
 import json
 import random
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-from support.data import GSM8K_DIR  # noqa: E402
-from support.servers import server_config  # noqa: E402
-from support.stats import uniform_pvalue  # noqa: E402
-
-from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3  # noqa: E402
+from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
+from support.data import GSM8K_DIR
+from support.paths import scripts_importable
+from support.servers import server_config
+from support.stats import uniform_pvalue
 
 KIMI_CPU = ["--attention-backend", "kimi_cpu"]
 MAX_NEW_TOKENS = 64
@@ -45,8 +42,7 @@ TREE_SERVERS = {
     name: server_config(name, KIMI_CPU + ["--enable-metrics"] + args) for name, args in SHARED_TREES.items()
 }
 
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # _drafter_common: the tau benchmark's cached target
+scripts_importable()  # _drafter_common: the tau benchmark's cached target
 
 
 @functools.cache
@@ -119,7 +115,7 @@ def spec_metrics(url: str) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def hf_model():
-    from sglang_kimi.models.tiny import load_hf_reference
+    from support.hf_reference import load_hf_reference
 
     return load_hf_reference()
 
