@@ -68,7 +68,14 @@ def cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
     except LaunchError as exc:
         return command_failed(str(exc))
     mode = "CPU (shims: " + (", ".join(spec.shims) or "none") + ")" if spec.cpu else "GPU"
-    print(f"sglang-kimi {__version__}: starting SGLang on {mode} at {spec.base_url}", flush=True)
+    if spec.nodes.rank == 0:
+        print(f"sglang-kimi {__version__}: starting SGLang on {mode} at {spec.base_url}", flush=True)
+    else:  # SGLang's other nodes run their ranks' schedulers only
+        print(
+            f"sglang-kimi {__version__}: starting node {spec.nodes.rank} of {spec.nodes.count} of SGLang on {mode}; "
+            f"{spec.base_url} answers /health only (node 0 serves the requests)",
+            flush=True,
+        )
     print("  " + " ".join(spec.argv[1:]), flush=True)
     server = ServerProcess(spec)
     try:

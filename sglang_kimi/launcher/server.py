@@ -158,23 +158,79 @@ def parallel_ranks(args: list[str]) -> tuple[int, str]:
     return ranks, " ".join(given)
 
 
-def cpu_threads_bind(ranks: int, cores: list[int] | None = None, flags: str = "--tp") -> str:
+@dataclass(frozen=True)
+class Nodes:
+    """SGLang's multi-node launch as this process sees it: ``--nnodes`` processes, one a node, each starting its
+    share of the ranks; node 0 serves HTTP, the others only run their schedulers."""
+
+    count: int = 1  # --nnodes
+    rank: int = 0  # --node-rank
+    one_host: bool = False  # every node on this machine (--dist-init-addr on the loopback): they share its cores
+
+    def describe(self) -> str:
+        return f"--nnodes {self.count} --node-rank {self.rank}"
+
+
+LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+
+
+def node_layout(args: list[str], ranks: int = 1) -> Nodes:
+    """The nodes ``args`` ask for, checked before SGLang starts: ``--node-rank`` below ``--nnodes``, the ranks
+    (dp x tp x pp) split evenly over the nodes, and ``--dist-init-addr`` (``--nccl-init-addr``), which every node
+    must be given alike, present. A loopback address puts every node on this machine."""
+    count_text, rank_text = _flag_value(args, "--nnodes") or "1", _flag_value(args, "--node-rank") or "0"
+    if not count_text.isdigit() or int(count_text) < 1:
+        raise LaunchError(f"--nnodes {count_text} is not a positive number: pass --nnodes with the number of nodes")
+    if not rank_text.isdigit() or int(rank_text) >= int(count_text):
+        raise LaunchError(
+            f"--node-rank {rank_text} is not one of 0..{int(count_text) - 1}: give each of the --nnodes "
+            f"{count_text} processes its own rank"
+        )
+    count, rank = int(count_text), int(rank_text)
+    if count == 1:
+        return Nodes()
+    address = _flag_value(args, "--dist-init-addr") or _flag_value(args, "--nccl-init-addr")
+    if not address:
+        raise LaunchError(
+            f"--nnodes {count} needs --dist-init-addr HOST:PORT, the same on every node (node 0's address, where the "
+            "nodes meet): pass it to each of them"
+        )
+    if ranks % count:
+        raise LaunchError(
+            f"--nnodes {count} splits the {ranks} ranks (dp x tp x pp) evenly over the nodes, and {ranks} is not a "
+            f"multiple of {count}: change --tp (or --pp) or --nnodes"
+        )
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+    one_host = host in LOOPBACK_HOSTS or host.startswith("127.")
+    return Nodes(count, rank, one_host)
+
+
+def cpu_threads_bind(ranks: int, cores: list[int] | None = None, flags: str = "--tp", nodes: Nodes = Nodes()) -> str:
     """SGLang's per-rank CPU core lists on CPU (``SGLANG_CPU_OMP_THREADS_BIND``, ranks separated by ``|``): this
     process's cores split into ``ranks`` (dp x tp x pp) contiguous groups. SGLang's CPU engine otherwise asserts one
     rank per NUMA node. Example: cores 0..5, 2 ranks -> ``"0-2|3-5"``; cores 0, 1, 2 ranks -> ``"0|1"``; cores 0, 2,
-    4, 6, 2 ranks -> ``"0,2|4,6"``."""
+    4, 6, 2 ranks -> ``"0,2|4,6"``.
+
+    SGLang reads the group of a rank at its index on its node (the local device id), so each node gets the groups
+    of its own ranks: with every node on this machine the cores are split over all ranks and node ``r`` takes the
+    ``r``-th share (node 1 of 2, cores 0..3, 2 ranks -> ``"2-3"``), else each node splits its own cores."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
-    if ranks > len(cores):
+    local = ranks // nodes.count
+    split = ranks if nodes.one_host else local
+    if split > len(cores):
+        where = f" on the {nodes.count} nodes of this machine" if nodes.one_host else ""
         raise LaunchError(
-            f"{flags} on CPU start {ranks} ranks, which need at least one core each, but this process may use "
-            f"{len(cores)}: lower them, or set {CPU_THREADS_BIND_ENV} yourself"
+            f"{flags} on CPU start {split} ranks{where}, which need at least one core each, but this process may "
+            f"use {len(cores)}: lower them, or set {CPU_THREADS_BIND_ENV} yourself"
         )
     groups, start = [], 0
-    for rank in range(ranks):
-        size = len(cores) // ranks + (1 if rank < len(cores) % ranks else 0)
+    for rank in range(split):
+        size = len(cores) // split + (1 if rank < len(cores) % split else 0)
         group = cores[start : start + size]
         start += size
         groups.append(_core_list(group))
+    if nodes.one_host:
+        groups = groups[nodes.rank * local : (nodes.rank + 1) * local]
     return "|".join(groups)
 
 
@@ -328,6 +384,7 @@ class LaunchSpec:
     cpu: bool
     shims: list[str] = field(default_factory=list)
     any_port: bool = False  # the port was picked free (ANY_PORT): another one may replace it if it is lost
+    nodes: Nodes = field(default_factory=Nodes)  # --nnodes: this process starts one node's ranks
 
     def with_port(self, port: int) -> None:
         i = self.argv.index("--port")
@@ -449,11 +506,13 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     host = _flag_value(args + config, "--host") or DEFAULT_HOST
     if not _has_flag(args + config, "--host"):
         args += ["--host", host]
+    ranks, flags = parallel_ranks(args + config)
+    nodes = node_layout(args + config, ranks)
     given_port = _flag_value(args + config, "--port")
     any_port = not given_port and port == ANY_PORT
     if any_port:
         port = free_port(host)  # bound and released just now: SGLang's own bind may still lose it (ServerProcess)
-    else:
+    else:  # every node binds it: node 0 serves there, the others answer /health only
         port = port_number(given_port) if given_port else (port or DEFAULT_PORT)
         check_port_free(host, port)
     if not given_port:
@@ -484,11 +543,10 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     scales = env.get(KV_SCALES_ENV, "")  # a scales file named relative to the caller's working directory
     if scales not in ("", "dynamic", "observe", "off") and Path(scales).expanduser().is_file():
         env[KV_SCALES_ENV] = str(Path(scales).expanduser().resolve())
-    ranks, flags = parallel_ranks(args + config)
     if cpu and ranks > 1 and CPU_THREADS_BIND_ENV not in env:
-        env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags)
+        env[CPU_THREADS_BIND_ENV] = cpu_threads_bind(ranks, flags=flags, nodes=nodes)
     argv = [sys.executable, "-m", "sglang.launch_server", *args]
-    return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims, any_port=any_port)
+    return LaunchSpec(argv=argv, env=env, host=host, port=port, cpu=cpu, shims=shims, any_port=any_port, nodes=nodes)
 
 
 class ServerProcess:

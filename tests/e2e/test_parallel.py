@@ -10,6 +10,10 @@ switch widths every other step: both ranks must run rank 0's width at every step
 output must not depend on which widths ran. Its budgets 1 and 2 are chains of one and two drafts, and budget 0 is
 the plain verify of the bonus token.
 
+Two nodes on this machine (``--nnodes 2``, gloo, each node one TP rank on its own cores): SGLang's multi-node tensor
+parallelism serves the adaptive DFLASH tree and EAGLE3 trees with the same greedy output as TP 1 (and so as one
+node at TP 2).
+
 At DP 2 each rank is a scheduler process serving its own requests with its own plugin counters: the DFLASH tree's
 greedy output equals TP 1's, and the plugin's report read from ``/server_info``
 (``sglang_kimi.launcher.dp_reports``) counts the steps of both ranks. At PP 2 (SGLang's DFLASH needs PP 1) the
@@ -24,7 +28,7 @@ import time
 import pytest
 import requests
 from support.processes import cpu_seconds, titled
-from support.servers import server_config
+from support.servers import launch_nodes, server_config
 from support.spec_e2e import EAGLE3_TREE, KIMI_CPU, TINY, generate_all, gsm8k_prompts, sampled_pit_pvalue
 
 from sglang_kimi.assets import TINY_DFLASH
@@ -152,3 +156,27 @@ def test_pp2_greedy_equals_tp1(request, server_pool, tp1_outputs):
         check_ranks_on_their_own_cores(server)
     finally:
         server_pool.stop(PP2)
+
+
+@pytest.mark.parametrize("config", ["dflash-tree-adaptive", "eagle3-tree"])
+def test_two_nodes_greedy_equals_tp1(config, tmp_path, tp1_outputs):
+    prompts, expected = tp1_outputs
+    args = KIMI_CPU + TP2 + CONFIGS[config]
+    if "--speculative-kimi-adaptive" in args:
+        (tmp_path / "policy.json").write_text(json.dumps(FORCED))
+        args += [a.replace("{dir}", str(tmp_path)) for a in ADAPTIVE_FILES]
+    nodes = launch_nodes(tmp_path, args)
+    try:
+        outputs = generate_all(nodes[0].base_url, prompts, 2, max_new_tokens=TOKENS)
+        for i, (out, ref) in enumerate(zip(outputs, expected)):
+            assert out["output_ids"] == ref, f"{config} on two nodes: prompt {i} differs from TP 1"
+        state = fetch_plugin_state(nodes[0].base_url)
+        assert state["failed"] == [] and state["spec_metrics"]["steps"] > 0, state
+        cores = [
+            os.sched_getaffinity(pid) for n in nodes for pid in titled(group_members(n.pgid), b"sglang::scheduler")
+        ]
+        assert len(cores) == 2 and not cores[0] & cores[1], f"the nodes' ranks share cores: {cores}"
+        print(f"{config} on two nodes: tau {state['spec_metrics']['tau']:.2f}, cores {cores}")
+    finally:
+        for node in reversed(nodes):
+            node.stop()

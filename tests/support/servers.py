@@ -48,6 +48,28 @@ def launch(tmp_path_factory, name: str, args: list[str] | None = None, env: dict
     return _ready(server)
 
 
+def launch_nodes(folder, args: list[str], nodes: int = 2) -> list[ServerProcess]:
+    """SGLang's multi-node launch on this machine: ``nodes`` processes of ``sglang-kimi serve``'s launch with
+    ``args``, ``--nnodes`` and each its ``--node-rank``, meeting at a free loopback ``--dist-init-addr``, each with
+    its own port (node 0 serves; the others answer ``/health`` once every node is up). All ready, node 0 first;
+    all stopped if one fails."""
+    from sglang_kimi.launcher.checks import free_port
+
+    meet = ["--nnodes", str(nodes), "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    started = []
+    try:
+        for rank in range(nodes):
+            log = folder / f"node{rank}.log"
+            started.append(ServerProcess(launch_command([*args, *meet, "--node-rank", str(rank)], port=ANY_PORT), log))
+        for server in started:  # node 0 answers once the others have joined it
+            server.wait_ready(START_TIMEOUT)
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return started
+
+
 def _start(folder, args: list[str], env: dict[str, str]) -> ServerProcess:
     spec = launch_command(args, port=ANY_PORT)
     spec.env.update(env)

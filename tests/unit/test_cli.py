@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -584,6 +585,45 @@ def test_cpu_parallel_ranks_bind_one_core_group_each(tmp_path):
             assert spec.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     single = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.free_port())
     assert "SGLANG_CPU_OMP_THREADS_BIND" not in single.env or "SGLANG_CPU_OMP_THREADS_BIND" in os.environ
+
+
+def test_nodes_on_one_machine_bind_distinct_core_groups(tmp_path):
+    """``--nnodes 2``: each node starts half the ranks and SGLang reads a rank's group at its index on its node, so
+    the two nodes of one machine (a loopback --dist-init-addr) get the two halves of its cores, not both the first."""
+    (tmp_path / "config.json").write_text("{}")
+    one_host = server.Nodes(2, 1, one_host=True)
+    assert server.cpu_threads_bind(2, [0, 1], nodes=server.Nodes(2, 0, one_host=True)) == "0"
+    assert server.cpu_threads_bind(2, [0, 1], nodes=one_host) == "1"
+    assert server.cpu_threads_bind(4, list(range(8)), nodes=one_host) == "4-5|6-7"
+    assert server.cpu_threads_bind(4, list(range(8)), nodes=server.Nodes(2, 1)) == "0-3|4-7"  # a machine per node
+    with pytest.raises(server.LaunchError, match="start 4 ranks on the 2 nodes of this machine"):
+        server.cpu_threads_bind(4, [0, 1], nodes=one_host)
+
+    assert server.node_layout([]) == server.Nodes()
+    at = ["--dist-init-addr", "127.0.0.1:5757"]
+    assert server.node_layout(["--nnodes", "2", "--node-rank", "1", *at], 2) == one_host
+    assert server.node_layout(["--nnodes", "2", "--nccl-init-addr", "[::1]:5757"], 2) == server.Nodes(2, 0, True)
+    assert server.node_layout(["--nnodes", "2", "--dist-init-addr", "10.0.0.1:5757"], 2) == server.Nodes(2, 0)
+    for flags, message in [
+        (["--nnodes", "2", "--node-rank", "2", *at], "--node-rank 2 is not one of 0..1"),
+        (["--nnodes", "0", *at], "--nnodes 0 is not a positive number"),
+        (["--nnodes", "2"], "--nnodes 2 needs --dist-init-addr HOST:PORT"),
+        (["--nnodes", "2", "--tp", "3", *at], "the 3 ranks (dp x tp x pp) evenly over the nodes"),
+    ]:
+        with pytest.raises(server.LaunchError, match=re.escape(message)):
+            server.launch_command(["--model-path", str(tmp_path), *flags], cpu=True, port=server.free_port())
+
+    node = ["--model-path", str(tmp_path), "--tp", "2", "--nnodes", "2", *at]
+    first = server.launch_command([*node, "--node-rank", "0"], cpu=True, port=server.free_port())
+    with socket.socket() as taken:  # node 1 binds its --port too (SGLang's health-only server there)
+        taken.bind(("127.0.0.1", first.port))
+        with pytest.raises(server.LaunchError, match=f"port {first.port} on 127.0.0.1 is already in use"):
+            server.launch_command([*node, "--node-rank", "1", "--port", str(first.port)], cpu=True)
+    second = server.launch_command([*node, "--node-rank", "1"], cpu=True, port=server.free_port())
+    assert second.nodes == one_host and first.nodes.rank == 0 and second.port != first.port
+    if len(os.sched_getaffinity(0)) >= 2:
+        bind = [spec.env["SGLANG_CPU_OMP_THREADS_BIND"] for spec in (first, second)]
+        assert "|" not in bind[0] + bind[1] and bind[0] != bind[1], bind
 
 
 @pytest.mark.parametrize(
