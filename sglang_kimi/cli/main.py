@@ -31,11 +31,17 @@ intel_amx, and no speculative algorithm); so is a triton attention backend (--at
 --speculative-draft-attention-backend) without TRITON_INTERPRET=1. A flag set in SGLang's --config YAML file counts
 as given (the command line still wins over the file), and relative paths work in both.
 
+Several nodes (--nnodes N): run one `sglang-kimi serve` per node with the same flags, the same --dist-init-addr
+HOST:PORT and its own --node-rank; node 0 serves the requests, the others answer /health only. Nodes on one
+machine (a loopback --dist-init-addr) each take their share of its cores and need their own --port.
+
 examples:
   sglang-kimi serve
   sglang-kimi serve --speculative-algorithm DFLASH --speculative-dflash-tree-budget 16
   sglang-kimi serve --model-path moonshotai/Kimi-K2.6 --tp 8 --speculative-algorithm DFLASH \\
       --speculative-draft-model-path z-lab/Kimi-K2.6-DFlash --speculative-num-draft-tokens 8
+  sglang-kimi serve --tp 2 --nnodes 2 --node-rank 0 --dist-init-addr 127.0.0.1:5757 --port 30000 &
+  sglang-kimi serve --tp 2 --nnodes 2 --node-rank 1 --dist-init-addr 127.0.0.1:5757 --port 30001
 """
 
 
