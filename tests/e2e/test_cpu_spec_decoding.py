@@ -583,6 +583,7 @@ def test_plugin_entries_for_cpu_speculative_decoding_are_loaded(tiny_server):
         )
 
 
+@pytest.mark.parametrize("spec_server", ["dflash-tree-32", "eagle3-tree"], indirect=True)
 def test_an_idle_speculative_server_waits_instead_of_polling(spec_server, prompts):
     """After a speculative step no process of the server spins: the tree servers stay up for the whole session,
     idle between the modules that share them."""
