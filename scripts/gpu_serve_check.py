@@ -131,9 +131,11 @@ LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cu
 def step_phases(events: list[dict]) -> dict:
     """From a profiler trace's events of a server whose worker marks its step phases
     (``sglang_kimi.speculative.step_phases``):
-    each phase's host milliseconds per step (mean over the steps seen), the step's period (first phase start to
-    first phase start) and the share of the period spent on the host outside the target forward: drafting, tree
-    build, verify bookkeeping. Empty for a worker without phases (SGLang's own)."""
+    each phase's host milliseconds per step, the step's period (first phase start to first phase start) and the
+    share of the period spent on the host outside the target forward: drafting, tree build, verify bookkeeping.
+    With more than one step the means are over the steps the period spans (all but the last, whose end the trace
+    may cut or stretch), so the phases of a step add up to at most its period. Empty for a worker without phases
+    (SGLang's own)."""
     named = [
         e
         for e in events
@@ -145,17 +147,22 @@ def step_phases(events: list[dict]) -> dict:
     first = STEP_RANGE if any(e["name"] == STEP_RANGE for e in named) else min(ranges, key=lambda e: e["ts"])["name"]
     starts = sorted(e["ts"] for e in named if e["name"] == first)  # each step's start
     steps = len(starts)
+    timed = steps
+    if steps > 1:  # the means over the steps the period spans: from the first start up to the last one
+        ranges = [e for e in ranges if e["ts"] < starts[-1]]
+        named = [e for e in named if e["ts"] < starts[-1]]
+        timed = steps - 1
     per_phase: dict[str, float] = {}
     for e in ranges:
         name = e["name"][len(PHASE_PREFIX) :]
-        per_phase[name] = per_phase.get(name, 0.0) + e.get("dur", 0) / 1e3 / steps
+        per_phase[name] = per_phase.get(name, 0.0) + e.get("dur", 0) / 1e3 / timed
     out = {"steps": steps, "host_ms_per_step": {k: round(v, 4) for k, v in per_phase.items()}}
-    out.update(_runtime_calls_per_phase(events, ranges, steps))
+    out.update(_runtime_calls_per_phase(events, ranges, timed))
     if steps > 1:
         period = (starts[-1] - starts[0]) / 1e3 / (steps - 1)
         step_host = [e.get("dur", 0) / 1e3 for e in named if e["name"] == STEP_RANGE]
         if step_host:  # the step's range: everything in it but the target forward (SGLang's chain names no phase)
-            outside = sum(step_host) / steps - per_phase.get("target_forward", 0.0)
+            outside = sum(step_host) / timed - per_phase.get("target_forward", 0.0)
         else:
             outside = sum(v for k, v in per_phase.items() if k != "target_forward")
         out.update(step_ms=round(period, 4), host_share_outside_target_forward=outside / period)

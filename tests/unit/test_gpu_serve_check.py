@@ -126,6 +126,14 @@ def test_step_phases_per_step_and_the_host_share_outside_the_target_forward(chec
     assert result["step_ms"] == pytest.approx(1.0)
     assert result["host_share_outside_target_forward"] == pytest.approx(0.3)  # (0.05 + 0.15 + 0.1) / 1.0
     assert result["launches_per_step"] == {} and result["syncs_per_step"] == {}  # no runtime calls in this trace
+    # a last step the trace stretched (the profiler stopping, another process on the core): outside the period,
+    # so the means and the period stay those of the whole steps, and their phases add up to at most the period
+    slow = [phase("plan", 3000, 500), phase("draft_forward", 3500, 1500), phase("target_forward", 5000, 6000)]
+    stretched = tmp_path / "stretched.trace.json"
+    stretched.write_text(json.dumps({"traceEvents": events + slow}))
+    longer = check.step_phases(check.trace_events(stretched))
+    assert longer["steps"] == 4 and longer["host_ms_per_step"] == result["host_ms_per_step"]
+    assert longer["step_ms"] == pytest.approx(1.0) and sum(longer["host_ms_per_step"].values()) <= longer["step_ms"]
     other = tmp_path / "chain.trace.json"
     other.write_text(json.dumps({"traceEvents": events[-3:]}))
     assert check.step_phases(check.trace_events(other)) == {}  # SGLang's own worker marks no phases
