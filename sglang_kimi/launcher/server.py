@@ -167,9 +167,6 @@ class Nodes:
     rank: int = 0  # --node-rank
     one_host: bool = False  # every node on this machine (--dist-init-addr on the loopback): they share its cores
 
-    def describe(self) -> str:
-        return f"--nnodes {self.count} --node-rank {self.rank}"
-
 
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import requests
-from support.processes import cpu_seconds, titled
+from support.processes import idle_core_share, titled
 from support.servers import launch_nodes, server_config
 from support.spec_e2e import EAGLE3_TREE, KIMI_CPU, TINY, generate_all, gsm8k_prompts, sampled_pit_pvalue
 
@@ -102,11 +101,12 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
 
 
-def check_ranks_on_their_own_cores(server, ranks: int = 2) -> None:
-    """Each scheduler process (one per rank) runs on its own cores: SGLang binds ranks to their
-    SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on the others
-    (platform/cpu/thread_binding.py)."""
-    groups = [os.sched_getaffinity(pid) for pid in titled(group_members(server.pgid), b"sglang::scheduler")]
+def check_ranks_on_their_own_cores(*servers, ranks: int = 2) -> None:
+    """Each scheduler process (one per rank, over the servers given: the nodes of one launch) runs on its own
+    cores: SGLang binds ranks to their SGLANG_CPU_OMP_THREADS_BIND group only on AMX and arm64 CPUs, the plugin on
+    the others (platform/cpu/thread_binding.py)."""
+    schedulers = [pid for server in servers for pid in titled(group_members(server.pgid), b"sglang::scheduler")]
+    groups = [os.sched_getaffinity(pid) for pid in schedulers]
     assert len(groups) == ranks, f"{len(groups)} scheduler processes for {ranks} ranks"
     assert all(not a & b for i, a in enumerate(groups) for b in groups[i + 1 :]), f"ranks share cores: {groups}"
 
@@ -114,9 +114,7 @@ def check_ranks_on_their_own_cores(server, ranks: int = 2) -> None:
 def idle_controller_cpu(server, wait_s: float = 2.0) -> float:
     """The share of a core SGLang's data-parallel controller process uses over ``wait_s`` seconds of no requests."""
     (pid,) = titled(group_members(server.pgid), b"sglang::data_parallel_controller")
-    before = cpu_seconds(pid)
-    time.sleep(wait_s)
-    return (cpu_seconds(pid) - before) / wait_s
+    return idle_core_share([pid], wait_s)[pid]
 
 
 def test_dp2_dflash_tree_greedy_and_counters_of_both_ranks(request, server_pool, tp1_outputs):
@@ -172,11 +170,8 @@ def test_two_nodes_greedy_equals_tp1(config, tmp_path, tp1_outputs):
             assert out["output_ids"] == ref, f"{config} on two nodes: prompt {i} differs from TP 1"
         state = fetch_plugin_state(nodes[0].base_url)
         assert state["failed"] == [] and state["spec_metrics"]["steps"] > 0, state
-        cores = [
-            os.sched_getaffinity(pid) for n in nodes for pid in titled(group_members(n.pgid), b"sglang::scheduler")
-        ]
-        assert len(cores) == 2 and not cores[0] & cores[1], f"the nodes' ranks share cores: {cores}"
-        print(f"{config} on two nodes: tau {state['spec_metrics']['tau']:.2f}, cores {cores}")
+        check_ranks_on_their_own_cores(*nodes)
+        print(f"{config} on two nodes: tau {state['spec_metrics']['tau']:.2f}")
     finally:
         for node in reversed(nodes):
             node.stop()

@@ -59,8 +59,8 @@ def launch_nodes(folder, args: list[str], nodes: int = 2) -> list[ServerProcess]
     started = []
     try:
         for rank in range(nodes):
-            log = folder / f"node{rank}.log"
-            started.append(ServerProcess(launch_command([*args, *meet, "--node-rank", str(rank)], port=ANY_PORT), log))
+            (node := folder / f"node{rank}").mkdir()
+            started.append(_start(node, [*args, *meet, "--node-rank", str(rank)], {}))
         for server in started:  # node 0 answers once the others have joined it
             server.wait_ready(START_TIMEOUT)
     except BaseException:
