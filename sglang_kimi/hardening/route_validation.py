@@ -43,7 +43,7 @@ import functools
 import json
 
 from sglang_kimi.hardening.http_errors import BadValue, UnknownField
-from sglang_kimi.hardening.openai_fields import named
+from sglang_kimi.hardening.openai_fields import carries_nothing, named
 from sglang_kimi.hooks import hook
 
 
@@ -134,7 +134,8 @@ def generate_body_problem(body, fields, sampling_options) -> str | None:
             f'"return_logprob": true, or drop {them}'
         )
     problems = []
-    unknown = [key for key in body if key not in fields]
+    # a key that carries nothing loses nothing: sglang-router forwards /generate with "model": null added
+    unknown = [key for key in body if key not in fields and not carries_nothing(body[key])]
     count = len(unknown)
     if unknown:
         names = [

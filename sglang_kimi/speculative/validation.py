@@ -34,6 +34,7 @@ from sglang_kimi.settings import (
     plugin_args,
 )
 from sglang_kimi.speculative import drafter_checks
+from sglang_kimi.speculative.dispatch_capacity import check_dispatch_capacity
 from sglang_kimi.version import sglang_at_least
 
 logger = logging.getLogger("sglang_kimi")
@@ -613,6 +614,27 @@ def _resolve_speculative(original, server_args):
             )
     elif args.adaptive:
         _resolve_adaptive(server_args, resolving_view(server_args), plugin_args(server_args), drafter, adaptive)
+    if algorithm is not None:
+        _check_dispatch_capacity(server_args, args)
+
+
+def _check_dispatch_capacity(server_args, args) -> None:
+    """The largest verify forward against the expert-parallel all-to-all's buffer, on the resolved settings."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    cfg = resolving_view(server_args)
+    window = int(cfg.speculative_num_draft_tokens or 1)
+    try:  # SGLang 0.5.23: the largest window an adaptive algorithm may switch to
+        from sglang.srt.arg_groups.overrides import max_speculative_num_draft_tokens
+
+        window = max(window, int(max_speculative_num_draft_tokens(server_args) or 1))
+    except ImportError:
+        pass
+    if args.dflash_tree_budget is not None:
+        window_from = f"{TREE_BUDGET_FLAG} {args.dflash_tree_budget}, plus the verified token"
+    else:
+        window_from = f"--speculative-num-draft-tokens {window}"
+    check_dispatch_capacity(cfg, window, window_from)
 
 
 def install_validation(target: str):

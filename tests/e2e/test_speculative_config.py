@@ -186,6 +186,7 @@ def eagle3(path, *extra, backend="kimi_cpu"):
 
 EAGLE3_CHAIN = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 EAGLE3_TREE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
+EP_DEEPEP = ("--tp", "2", "--moe-a2a-backend", "deepep")
 
 
 def other(algorithm, path=None, *extra):
@@ -397,6 +398,20 @@ def cases(d):
             dflash(d["dflash"], *adaptive(), "--tp", "2", "--attn-dp-size", "2"),
             ["--speculative-kimi-adaptive is not served with DP attention", "EAGLE3 trees serve it"],
         ),
+        # the verify against the expert-parallel all-to-all's dispatch buffer (no check of SGLang's for these
+        # backends; the first batch past it ended a serving scheduler): 16 requests x 9 tokens > 128
+        (
+            dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", *EP_DEEPEP, "--max-running-requests", "16"),
+            ["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "up to 144 on one rank", "16 requests",
+             "--max-running-requests to 14", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=144"],
+        ),  # fmt: skip
+        # with DP attention a rank holds its share of the running requests: 64 / 2 x 6 = 192 > 128
+        (
+            eagle3(d["eagle3"], *EAGLE3_TREE, "--tp", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "mooncake",
+                   "--max-running-requests", "64"),
+            ["SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "up to 192 on one rank", "32 requests",
+             "x 6 tokens each (--speculative-num-draft-tokens 6)"],
+        ),  # fmt: skip
         # EAGLE draft shapes SGLang dies on with a bare TypeError / AssertionError
         (
             eagle3(d["eagle3"], "--speculative-num-steps", "5"),
@@ -495,11 +510,11 @@ def _cpu_args(argv: list[str]) -> list[str]:
     return CPU_ARGS if "vision_config" in config else [a for a in CPU_ARGS if a != "--language-model-only"]
 
 
-def resolve_all(settings: list[list[str]]) -> list[str | None]:
+def resolve_all(settings: list[list[str]], env: dict[str, str] | None = None) -> list[str | None]:
     """SGLang's argument resolution of every setting (on the tiny model, CPU) in one subprocess with the plugin
-    loaded: None where it resolves, else the error."""
+    loaded, with ``env`` added: None where it resolves, else the error."""
     argvs = [["--model-path", str(TINY_MODEL), *_cpu_args(argv), *argv] for argv in settings]
-    env, _ = sglang_env(cpu=True)
+    env = {**sglang_env(cpu=True)[0], **(env or {})}
     out = subprocess.run(
         [sys.executable, "-c", RESOLVE, json.dumps(argvs)], env=env, capture_output=True, text=True, timeout=600
     )
@@ -532,6 +547,11 @@ def good_settings(drafters) -> list[list[str]]:
         eagle3(drafters["eagle3"], "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
                "--speculative-adaptive", *adaptive()),
         other("STANDALONE", drafters["standalone"], *EAGLE3_CHAIN),  # another model with the target's vocabulary
+        # the dispatch buffer holds the largest verify: 14 requests x 9 tokens <= 128; the buffer raised; normal
+        # dispatch has no per-rank cap
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *EP_DEEPEP, "--max-running-requests", "14"),
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *EP_DEEPEP, "--deepep-mode", "normal",
+               "--max-running-requests", "16"),
         ["--model-path", str(drafters["mtp_deepseek"]), *other("NEXTN")],  # SGLang's own DeepSeek-V3 MTP drafter
         # the same, with the target named as the drafter (SGLang warns that MTP needs no path)
         ["--model-path", str(drafters["mtp_deepseek"]), *other("EAGLE", drafters["mtp_deepseek"])],
@@ -547,6 +567,17 @@ def outcomes(drafters):
         "bad": [(argv, words, out) for (argv, words), out in zip(bad, resolved[: len(bad)])],
         "good": list(zip(good, resolved[len(bad) :])),
     }
+
+
+def test_the_dispatch_buffer_read_from_its_variable(drafters):
+    """The buffer as SGLang's dispatcher sizes it: raised to the verify's 144 tokens it holds 16 requests of a
+    budget-8 tree; above DeepEP's bound of 1024 it is refused at resolution, not when the dispatcher is built."""
+    argv = dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *EP_DEEPEP, "--max-running-requests",
+                  "16")  # fmt: skip
+    variable = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+    raised, beyond = resolve_all([argv], {variable: "144"}) + resolve_all([argv], {variable: "2048"})
+    assert raised is None, raised
+    assert beyond is not None and f"{variable}=2048" in beyond and "at most 1024" in beyond, beyond
 
 
 def test_each_bad_setting_is_one_clear_error(outcomes):

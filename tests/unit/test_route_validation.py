@@ -106,6 +106,7 @@ def raw_generate(body, path="/generate", json_content_type=True, root_path=""):
             ["'max_new_tokens' (a sampling option: send it in sampling_params)", "fix or drop it"],
         ),
         ({"text": "hi", "sampling_parms": {"temperature": 0}}, ["'sampling_parms' (did you mean 'sampling_params'?)"]),
+        ({"text": "hi", "model": "kimi-k2.6"}, ["unrecognized request argument 'model'"]),  # a name would be dropped
         ({"text": "hi", "sampling_params": {"temprature": 0}}, ["'temprature' (did you mean 'temperature'?)"]),
         (
             {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}, {"top_kk": 3}], "x": 1},
@@ -145,6 +146,7 @@ def test_generate_bodies_with_known_keys_and_other_routes_pass():
         {"text": "hi", "token_ids_logprob": [], "return_text_in_logprobs": False},
         {"text": "hi", "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0},
         {"text": ["a", "b"], "return_logprob": [True, False], "top_logprobs_num": 2},
+        {"text": "hi", "model": None},  # as sglang-router forwards every /generate
     ):
         assert check_generate_body(None, Request(), raw_generate(body)) is None, body
     # the OpenAI routes hand their own request over: its body is another API's
