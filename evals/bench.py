@@ -19,8 +19,6 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import requests
-
 from sglang_kimi.evals import acceptance
 from sglang_kimi.evals.errors import EvalError
 from sglang_kimi.evals.hub_data import load_gsm8k, why_not_loaded
@@ -33,7 +31,6 @@ from sglang_kimi.evals.servers import (
     probe,
     split_args,
 )
-from sglang_kimi.launcher.api_key import auth_headers
 from sglang_kimi.launcher.dp_reports import merged_report
 
 # The published Kimi-K2.6 speculative-decoding runs.
@@ -248,7 +245,10 @@ def summarize_level(
 
 
 def _server_info(url: str) -> dict:
-    return requests.get(url + "/server_info", timeout=60, headers=auth_headers()).json()
+    """``/server_info`` of the server, or of every worker behind a router: the acceptance counters of all of them."""
+    from sglang_kimi.launcher.router import server_info
+
+    return server_info(url, timeout=60)
 
 
 def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str, questions: list[str] | None) -> list[dict]:

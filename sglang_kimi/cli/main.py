@@ -225,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(sub)
     add_bench_parser(sub)
+
+    from sglang_kimi.cli.acceptance import add_acceptance_parser
+
+    add_acceptance_parser(sub)
     return parser
 
 
@@ -271,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_tune(args)
     if args.command == "calibrate-kv":
         return cmd_calibrate_kv(args)
+    if args.command == "acceptance":
+        from sglang_kimi.cli.acceptance import run_acceptance
+
+        return run_acceptance(args)
     if args.command in ("eval", "bench"):
         from sglang_kimi.evals.parsers import cmd_bench, cmd_eval
 

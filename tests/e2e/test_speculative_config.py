@@ -402,16 +402,35 @@ def cases(d):
         # backends; the first batch past it ended a serving scheduler): 16 requests x 9 tokens > 128
         (
             dflash(d["dflash"], "--speculative-dflash-tree-budget", "8", *EP_DEEPEP, "--max-running-requests", "16"),
-            ["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "up to 144 on one rank", "16 requests",
-             "--max-running-requests to 14", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=144"],
-        ),  # fmt: skip
+            [
+                "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                "up to 144 on one rank",
+                "16 requests",
+                "--max-running-requests to 14",
+                "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=144",
+            ],
+        ),
         # with DP attention a rank holds its share of the running requests: 64 / 2 x 6 = 192 > 128
         (
-            eagle3(d["eagle3"], *EAGLE3_TREE, "--tp", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "mooncake",
-                   "--max-running-requests", "64"),
-            ["SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "up to 192 on one rank", "32 requests",
-             "x 6 tokens each (--speculative-num-draft-tokens 6)"],
-        ),  # fmt: skip
+            eagle3(
+                d["eagle3"],
+                *EAGLE3_TREE,
+                "--tp",
+                "2",
+                "--attn-dp-size",
+                "2",
+                "--moe-a2a-backend",
+                "mooncake",
+                "--max-running-requests",
+                "64",
+            ),
+            [
+                "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                "up to 192 on one rank",
+                "32 requests",
+                "x 6 tokens each (--speculative-num-draft-tokens 6)",
+            ],
+        ),
         # EAGLE draft shapes SGLang dies on with a bare TypeError / AssertionError
         (
             eagle3(d["eagle3"], "--speculative-num-steps", "5"),

@@ -19,6 +19,7 @@ FIRST, SECOND = "lane-1", "lane-2"
 SECOND_LANE = {
     "e2e/test_cpu_spec_decoding.py",
     "e2e/test_reliability.py",
+    "e2e/test_router.py",
     "e2e/test_eval_gsm8k.py",
     "e2e/test_gpu_serve_check_profile.py",
     "e2e/test_parallel.py",

@@ -1,0 +1,57 @@
+"""SGLang's router (``sglang-router``, installed with the test extra) in front of servers a test started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import requests
+
+from sglang_kimi.launcher.checks import free_port
+
+READY_TIMEOUT = 120.0
+
+
+@contextmanager
+def router(worker_urls: list[str], log_path, policy: str = "round_robin"):
+    """The router's URL, once it reports every worker healthy; stopped with its process group on exit."""
+    port, metrics_port = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
+        "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port), "--log-level", "warn",
+    ]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, len(worker_urls), proc, log_path)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_ready(url: str, workers: int, proc, log_path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang-router exited with {proc.returncode}: {open(log_path).read()[-2000:]}")
+        try:
+            last = requests.get(url + "/readiness", timeout=5).json()
+            if last.get("healthy_workers") == workers:
+                return
+        except (requests.RequestException, ValueError):
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"sglang-router at {url} not ready with {workers} workers in {READY_TIMEOUT:.0f} s: {last}")
