@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/constraints.tx
 	$(PIP) -r requirements/sglang-cpu.txt -c requirements/constraints.txt
 	$(PIP) --no-deps --no-warn-conflicts sglang==$(SGLANG_VERSION)
 	$(PIP) --no-warn-conflicts -e ".[eval,test]" -c requirements/constraints.txt
+	@# Mooncake's CPU build (PD disaggregation's KV transfer in the tests) links libibverbs: Debian's, unpacked here
+	$(PY) scripts/fetch_rdma_libs.py $(VENV)/rdma-libs
 	@# sglang was installed without its GPU requirements on purpose: say so once, and show any other conflict.
 	@unmet=$$($(PY) -m pip check 2>/dev/null | grep -c '^sglang '); \
 	  echo "note: sglang $(SGLANG_VERSION) is installed without $$unmet of its requirements (CUDA wheels, torch 2.14.1):" \

@@ -62,6 +62,7 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--language-model-only": None,  # text only: image inputs need the real torchvision
     "--sleep-on-idle": None,  # an idle scheduler otherwise spins a core: servers side by side starve each other
 }
+DISAGGREGATION_REFUSES = ("--language-model-only",)  # CPU defaults SGLang refuses with --disaggregation-mode
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # set on CPU unless the user's environment has them (HF_HUB_OFFLINE is left out when a hub id is to be downloaded)
 # The TP ranks of one CPU share its memory and each reads the machine's free memory at another moment: other
@@ -498,7 +499,15 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
     if draft_path and HUB_ID.match(draft_path) and not Path(draft_path).expanduser().exists():
         draft_revision = _flag_value(args + config, "--speculative-draft-model-revision")
         check_model_path(draft_path, draft_revision, flag="--speculative-draft-model-path")
+    disaggregation = _flag_value(args + config, "--disaggregation-mode") or "null"
     if lacks_image_processor(model_path) and not _has_flag(args + config, "--language-model-only"):
+        if disaggregation != "null":
+            raise LaunchError(
+                f"{model_path} is a multimodal checkpoint without an image processor: SGLang starts it only with "
+                f"--language-model-only, which it refuses with --disaggregation-mode {disaggregation}; serve a "
+                "text-only checkpoint of it (its text_config as config.json, the language_model.* weights without "
+                "that prefix) or one with its image processor"
+            )
         args += ["--language-model-only"]  # SGLang cannot start it multimodal: it has no image processor
     host = _flag_value(args + config, "--host") or DEFAULT_HOST
     if not _has_flag(args + config, "--host"):
@@ -526,6 +535,8 @@ def launch_command(sglang_args: list[str], *, cpu: bool | None = None, port: int
         cpu = device == "cpu" or not gpu  # --device cpu on a GPU machine serves on the CPU, with the CPU settings
     if cpu:
         for flag, value in CPU_DEFAULTS.items():
+            if flag in DISAGGREGATION_REFUSES and disaggregation != "null":
+                continue  # SGLang refuses it on a prefill or decode server
             if not _has_flag(args + config, flag):
                 args += [flag] if value is None else [flag, value]
         check_cpu_args(args + config)

@@ -129,6 +129,22 @@ ENTRIES: tuple[Entry, ...] = (
         since=(0, 5, 23),  # SGLang's Triton version of the kernel arrived there
     ),
     Entry(
+        "cpu-pd-prefill-host-indices",
+        "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk",
+        f"{_CPU}.cpu_path_fixes:install_pd_prefill_host_indices",
+        "upstream bug: a PD prefill server on CPU (mooncake_tcp) pins host memory and records a CUDA event for "
+        "Mooncake's page indices at its first request (RuntimeError); the indices stay on the host",
+        when=CPU_ONLY,
+    ),
+    Entry(
+        "cpu-pd-prefill-no-early-send",
+        "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk",
+        f"{_CPU}.cpu_path_fixes:install_pd_prefill_no_early_send",
+        "upstream bug: a PD prefill server on CPU records a CUDA event to send a cached prefix early, under the "
+        "overlap scheduler (RuntimeError at the first radix-cache hit); the request's own send covers it",
+        when=CPU_ONLY,
+    ),
+    Entry(
         "cpu-dflash-record-stream",
         "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
         f"{_CPU}.cpu_path_fixes:install_dflash_record_stream_guard",

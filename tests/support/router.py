@@ -19,16 +19,30 @@ READY_TIMEOUT = 120.0
 @contextmanager
 def router(worker_urls: list[str], log_path, policy: str = "round_robin"):
     """The router's URL, once it reports every worker healthy; stopped with its process group on exit."""
+    with router_with(["--worker-urls", *worker_urls, "--policy", policy], len(worker_urls), log_path) as url:
+        yield url
+
+
+@contextmanager
+def pd_router(prefill_url: str, bootstrap_port: int, decode_url: str, log_path):
+    """The router of one prefill and one decode server (SGLang's PD disaggregation), once both are healthy."""
+    args = ["--pd-disaggregation", "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url]
+    with router_with(args, 2, log_path) as url:
+        yield url
+
+
+@contextmanager
+def router_with(args: list[str], workers: int, log_path):
     port, metrics_port = free_port(), free_port()
     command = [
-        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
+        sys.executable, "-m", "sglang_router.launch_router", *args,
         "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port), "--log-level", "warn",
     ]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, len(worker_urls), proc, log_path)
+        _wait_ready(url, workers, proc, log_path)
         yield url
     finally:
         try:

@@ -505,6 +505,21 @@ def test_gpu_launch_serves_a_checkpoint_without_image_processor_text_only(tmp_pa
     assert "--language-model-only" not in with_processor.argv
 
 
+def test_disaggregated_servers_get_no_language_model_only(tmp_path):
+    """SGLang refuses --language-model-only with --disaggregation-mode: a text-only checkpoint serves on CPU without
+    the CPU default, and a multimodal one that SGLang could start only with the flag is refused naming the fix."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    for mode in ("prefill", "decode"):
+        spec = server.launch_command(
+            ["--model-path", str(tmp_path), "--disaggregation-mode", mode], cpu=True, port=server.free_port()
+        )
+        assert "--language-model-only" not in spec.argv and "--device" in spec.argv
+    plain = server.launch_command(["--model-path", str(tmp_path)], cpu=True, port=server.free_port())
+    assert "--language-model-only" in plain.argv  # the CPU default elsewhere
+    with pytest.raises(server.LaunchError, match="refuses with --disaggregation-mode decode; serve a text-only"):
+        server.launch_command(["--disaggregation-mode", "decode"], cpu=False, port=server.free_port())  # the tiny one
+
+
 def test_gpu_launch_leaves_text_models_alone(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
     spec = server.launch_command(["--model-path", str(tmp_path)], cpu=False, port=server.free_port())

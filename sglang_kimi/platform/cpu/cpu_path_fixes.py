@@ -266,3 +266,37 @@ def install_dflash_draft_torch_rope(target: str):
     from sglang_kimi.hooks import hook
 
     hook(target, _dflash_attention_without_triton_rope, "AFTER")
+
+
+def _send_kv_chunk_with_host_indices(original, self, req, *args, **kwargs):
+    sender = getattr(req, "disagg_kv_sender", None)
+    if getattr(sender, "supports_host_tensor_indices", False):
+        sender.supports_host_tensor_indices = False  # this sender's pages are indexed on the host, as the others'
+    return original(self, req, *args, **kwargs)
+
+
+def install_pd_prefill_host_indices(target: str):
+    """A PD prefill server sends each KV chunk's page indices to Mooncake. For senders that take host tensors
+    (``MooncakeKVSender.supports_host_tensor_indices``) ``send_kv_chunk`` copies them device-to-host into pinned
+    memory and records a ``torch.cuda.Event``: on CPU that ended the prefill scheduler ("pin_memory=True requires a
+    CUDA or other accelerator backend") at the first request. On CPU the indices are already on the host: the
+    sender takes SGLang's path for the other backends (``kv_to_page_indices``), the same pages."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _send_kv_chunk_with_host_indices, "AROUND")
+
+
+def _no_early_send_under_overlap(original, self, req, *args, **kwargs):
+    if getattr(self, "enable_overlap", False):
+        return None  # the final send covers the prefix, as when the early send is switched off
+    return original(self, req, *args, **kwargs)
+
+
+def install_pd_prefill_no_early_send(target: str):
+    """Under the overlap scheduler a PD prefill server sends a request's cached prefix early, after recording a
+    ``torch.cuda.Event`` on the forward stream: on CPU that ended the prefill scheduler ("Tried to instantiate dummy
+    base class Event") at the first request whose prompt hit the radix cache. On CPU the early send is skipped
+    there (as with ``SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0``); the request's send covers its prefix."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _no_early_send_under_overlap, "AROUND")
