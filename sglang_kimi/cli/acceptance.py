@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from sglang_kimi.launcher.api_key import HELP as API_KEY_HELP
+from sglang_kimi.launcher.api_key import use_api_key
 from sglang_kimi.launcher.dp_reports import merge_spec_metrics
 from sglang_kimi.launcher.router import RouterError, worker_reports
 
@@ -44,8 +46,9 @@ def print_table(table: dict) -> None:
 def run_acceptance(args) -> int:
     from sglang_kimi.errors import command_failed
 
+    use_api_key(args.api_key)
     try:
-        table = acceptance_table(args.base_url)
+        table = acceptance_table(args.base_url.rstrip("/"))
     except RouterError as exc:
         return command_failed(str(exc))
     if args.json:
@@ -66,3 +69,4 @@ def add_acceptance_parser(sub) -> None:
     )
     parser.add_argument("--base-url", required=True, metavar="URL", help="a server, or the router in front of several")
     parser.add_argument("--json", action="store_true", help="print every worker's counters and the sum as JSON")
+    parser.add_argument("--api-key", default=None, help=API_KEY_HELP)

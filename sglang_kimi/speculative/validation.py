@@ -333,10 +333,14 @@ def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]
         )
     attn_dp = _attention_dp_size(cfg)
     if attn_dp > 1:
+        if getattr(cfg, "device", None) == "cpu":  # SGLang's own DFLASH chains refuse it there
+            fix = ("drop DP attention: on CPU SGLang serves DFLASH with DP attention in no mode (its chains need CUDA "
+                   "or NPU); EAGLE3 trees serve it")  # fmt: skip
+        else:
+            fix = f"drop DP attention (EAGLE3 trees serve it), or {drop} (SGLang's DFLASH chains serve DP attention)"
         raise SpeculativeConfigError(
             f"{flag_name} is not served with DP attention (here over {attn_dp} groups: --attn-dp-size, or "
-            f"--dp-size with --enable-dp-attention; the DFLASH tree worker has no DP-attention path): drop DP "
-            f"attention (EAGLE3 trees serve it), or {drop}"
+            f"--dp-size with --enable-dp-attention; the DFLASH tree worker has no DP-attention path): {fix}"
         )
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in backends:

@@ -40,6 +40,7 @@ TOKENS = 32
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)]
 CONFIGS = {
     "autoregressive": [],
+    "dflash-chain": DFLASH,  # SGLang's own DFLASH worker
     "dflash-tree-adaptive": DFLASH + ["--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
     "eagle3-tree": EAGLE3_TREE,
     # attention data parallelism: two attention groups inside the TP group, batches padded to a common size

@@ -1,8 +1,8 @@
 """Speculative servers behind SGLang's own router (``sglang-router``, round-robin): the session's DFLASH tree and
-EAGLE3 tree servers are its two workers.
+EAGLE3 tree servers and an adaptive DFLASH tree server are its three workers.
 
 - A mixed concurrent load through the router (greedy ``/generate``, greedy OpenAI chat, sampled requests) gives
-  every greedy request the non-speculative server's output, and both workers serve part of it.
+  every greedy request the non-speculative server's output, and every worker serves part of it.
 - ``sglang-kimi acceptance`` given the router's URL reads every worker it lists: each worker's counters equal what
   that worker reports itself, and the summed row is their sum (tau recomputed from the summed histogram).
 """
@@ -15,21 +15,30 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from support.router import router
-from support.spec_e2e import TINY, TREE_SERVERS, generate, gsm8k_prompts, shared_tree_server
+from support.servers import server_config
+from support.spec_e2e import KIMI_CPU, TINY, TREE_SERVERS, generate, gsm8k_prompts, shared_tree_server
 
+from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.cli import main as cli
 from sglang_kimi.launcher.dp_reports import merged_report
 from sglang_kimi.speculative import acceptance_rates
 
 pytestmark = pytest.mark.e2e
-WORKERS = ("dflash-tree-32", "eagle3-tree")
-SERVERS = [TINY, *(TREE_SERVERS[name] for name in WORKERS)]
-GREEDY, CHATS, SAMPLED, TOKENS, CONCURRENCY = 16, 4, 4, 32, 8
+SHARED = ("dflash-tree-32", "eagle3-tree")
+ADAPTIVE_TREE = server_config(
+    "router-adaptive-tree",
+    [*KIMI_CPU, "--enable-metrics", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+     str(TINY_DFLASH), "--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
+)  # fmt: skip
+SERVERS = [TINY, *(TREE_SERVERS[name] for name in SHARED), ADAPTIVE_TREE]
+GREEDY, CHATS, SAMPLED, TOKENS, CONCURRENCY = 18, 6, 6, 32, 8
 
 
 @pytest.fixture(scope="module")
 def workers(request, server_pool):
-    return [shared_tree_server(server_pool, request, name) for name in WORKERS]
+    shared = [shared_tree_server(server_pool, request, name) for name in SHARED]
+    yield [*shared, server_pool.get(ADAPTIVE_TREE, request)]
+    server_pool.stop(ADAPTIVE_TREE)
 
 
 @pytest.fixture(scope="module")

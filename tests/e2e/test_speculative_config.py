@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support import scale_out
 from support.drafter_checkpoints import write_dflash, write_eagle3
 from support.servers import cpu_args
 
@@ -597,6 +598,17 @@ def test_the_dispatch_buffer_read_from_its_variable(drafters):
     raised, beyond = resolve_all([argv], {variable: "144"}) + resolve_all([argv], {variable: "2048"})
     assert raised is None, raised
     assert beyond is not None and f"{variable}=2048" in beyond and "at most 1024" in beyond, beyond
+
+
+def test_the_scale_out_tables_refusals():
+    """Every cell of docs/scale-out.md's table that says "refused" is refused by SGLang's argument pipeline with the
+    plugin loaded, in the words the cell stands on."""
+    refused = [(row, column, cell) for row, column, cell in scale_out.cells() if isinstance(cell, scale_out.Refused)]
+    assert refused
+    outcomes = resolve_all([list(cell.argv) for _, _, cell in refused])
+    for (row, column, cell), outcome in zip(refused, outcomes):
+        assert outcome is not None, f"{row} / {column}: the table says refused, but it resolves"
+        assert all(w in outcome for w in cell.words), f"{row} / {column}: {outcome}"
 
 
 def test_each_bad_setting_is_one_clear_error(outcomes):
