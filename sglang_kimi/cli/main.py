@@ -227,8 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
 
     from sglang_kimi.cli.acceptance import add_acceptance_parser
+    from sglang_kimi.cli.drafter import add_drafter_parser
 
     add_acceptance_parser(sub)
+    add_drafter_parser(sub)
     return parser
 
 
@@ -275,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_tune(args)
     if args.command == "calibrate-kv":
         return cmd_calibrate_kv(args)
+    if args.command == "drafter":
+        from sglang_kimi.cli.drafter import run_drafter
+
+        return run_drafter(args)
     if args.command == "acceptance":
         from sglang_kimi.cli.acceptance import run_acceptance
 
