@@ -196,7 +196,11 @@ class DFlashConfig:
             )
         layer_types = d.get("layer_types")
         if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            raise DrafterConfigError(f"only full_attention layers are supported, got layer_types {layer_types}")
+            raise DrafterConfigError(
+                f"only full_attention layers are served, got layer_types {layer_types} (a sliding-window layer would "
+                "attend to less context than it was trained with): train the drafter with full-attention layers "
+                "(`sglang-kimi drafter config` writes SpecForge draft configs with them)"
+            )
         block = dc.get("block_size", d.get("block_size"))
         block_size = DEFAULT_BLOCK_SIZE if block is None else _get({"block_size": block}, "block_size", int)
         if block_size < 2:
@@ -210,8 +214,10 @@ class DFlashConfig:
         mask_id = dc.get("mask_token_id", d.get("mask_token_id"))
         if mask_id is None:
             raise DrafterConfigError(
-                "dflash_config.mask_token_id is missing: the drafter's mask token must be a token id of the target "
-                "(Kimi: 163838, [UNK])"
+                "dflash_config.mask_token_id is missing: add the token id the drafter was trained with to its "
+                "config.json (Kimi: 163838, [UNK]). SpecForge's `export --to hf` writes back the --draft-config "
+                "file, without an id it resolved at training time; `sglang-kimi drafter config` writes draft "
+                "configs that carry it"
             )
         if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
             raise DrafterConfigError(f"dflash_config.mask_token_id must be a non-negative integer, got {mask_id!r}")

@@ -1,5 +1,6 @@
 """Real SGLang on CPU with the plugin: registration seen from the scheduler, endpoints, determinism, shutdown."""
 
+import json
 import os
 import subprocess
 import sys
@@ -151,3 +152,34 @@ def test_an_idle_server_waits_instead_of_polling(tiny_server):
     generate(tiny_server.base_url, PROMPT, max_new_tokens=8)
     busy = busy_while_idle(tiny_server)
     assert not busy, f"idle server processes using a core: {busy}"
+
+
+def test_drafter_regenerate_writes_the_targets_own_greedy_answers(tiny_server, tmp_path):
+    """``sglang-kimi drafter regenerate`` through the real server's chat route (its model id, sampling options and
+    ``chat_template_kwargs`` accepted): at temperature 0 each regenerated turn is the target's greedy chat answer."""
+    from sglang_kimi.cli import main as cli
+
+    questions = ["How many legs do 3 cats have?", "What is 12 + 30?"]
+    source = tmp_path / "prompts.jsonl"
+    rows = [{"id": "one", "conversations": [{"from": "human", "value": questions[0]}, {"from": "gpt", "value": "?"},
+                                            {"from": "human", "value": "And 4 cats?"}]},
+            {"prompt": questions[1]}]  # fmt: skip
+    source.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "regen.jsonl"
+    args = ["drafter", "regenerate", "--input", str(source), "--output", str(out), "--base-url", tiny_server.base_url,
+            "--temperature", "0", "--max-tokens", "16", "--top-k", "1", "--reasoning", "disable"]  # fmt: skip
+    assert cli.main(args) == 0
+    done = {row["id"]: row["conversations"] for row in map(json.loads, out.read_text().splitlines())}
+
+    def chat(messages):
+        body = {"model": "default", "messages": messages, "max_tokens": 16, "temperature": 0}
+        response = requests.post(tiny_server.base_url + "/v1/chat/completions", json=body, timeout=300)
+        response.raise_for_status()
+        return response.json()["choices"][0]["message"]["content"]
+
+    first = chat([{"role": "user", "content": questions[0]}])
+    second = chat([{"role": "user", "content": questions[0]}, {"role": "assistant", "content": first},
+                   {"role": "user", "content": "And 4 cats?"}])  # fmt: skip
+    assert [m["content"] for m in done["one"]] == [questions[0], first, "And 4 cats?", second]
+    assert [m["role"] for m in done["one"]] == ["user", "assistant", "user", "assistant"]
+    assert done["row-1"][1] == {"role": "assistant", "content": chat([{"role": "user", "content": questions[1]}])}

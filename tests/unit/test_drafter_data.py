@@ -200,3 +200,18 @@ def test_a_target_without_a_mask_token_is_refused_naming_the_flag(tmp_path, caps
     assert json.loads(capsys.readouterr().out)["dflash_config"]["mask_token_id"] == 7
     with pytest.raises(draft_config.DraftConfigError, match="outside the target's vocabulary"):
         draft_config.dflash_config(target, mask_id=1000)
+
+
+def test_specforge_exports_the_plugin_cannot_serve_are_refused_naming_the_fix():
+    """A SpecForge DFlash config with a sliding-window layer (its Qwen3.6 configs have them), and an export that lost
+    the mask token SpecForge resolved at training time: each refused with what to change."""
+    from sglang_kimi.speculators.configs import DrafterConfigError, parse_drafter_config
+
+    config = draft_config.dflash_config(TINY_MODEL)
+    sliding = {**config, "layer_types": ["sliding_attention"] + config["layer_types"][1:], "sliding_window": 2048}
+    with pytest.raises(DrafterConfigError, match="train the drafter with full-attention layers.*drafter config"):
+        parse_drafter_config(sliding)
+    lost = {**config, "dflash_config": {"target_layer_ids": config["dflash_config"]["target_layer_ids"]}}
+    with pytest.raises(DrafterConfigError, match="mask_token_id is missing: add the token id.*export --to hf"):
+        parse_drafter_config(lost)
+    parse_drafter_config(config)
