@@ -102,11 +102,102 @@ def add_drafter_parser(sub) -> None:
     )
     config.add_argument("--output", type=Path, default=None, help="write it here (default: print it)")
 
+    compare = commands.add_parser(
+        "compare",
+        help="DFlash drafters of one target on the same prompts: tau by tree budget, acceptance by depth, the best "
+        "budget per concurrency",
+        description="Serves the target with each drafter in turn as a DFlash tree (--budget nodes, its acceptance "
+        "trace on), answers every prompt set greedily, and prints and writes (JSON and PNG under --out) tau by tree "
+        "budget, acceptance by depth of the accepted path and, with --step-costs, the budget with the most tokens "
+        "per second at each concurrency. Extra SGLang flags for the servers go after --.",
+    )
+    compare.add_argument("--target", required=True, help="the target checkpoint (folder or hub id)")
+    compare.add_argument(
+        "--drafter",
+        required=True,
+        action="append",
+        metavar="NAME=PATH",
+        help="a DFlash drafter to compare, named; give two or more",
+    )
+    compare.add_argument(
+        "--prompts",
+        action="append",
+        metavar="NAME=FILE",
+        default=None,
+        help="a prompt set (.jsonl or .json, the forms of `drafter regenerate`; default: the "
+        "embedded GSM8K questions as gsm8k)",
+    )
+    compare.add_argument("--num-prompts", type=_positive, default=None, help="at most this many of each set")
+    compare.add_argument("--budget", type=_positive, default=16, help="the widest tree budget measured (default 16)")
+    compare.add_argument("--max-tokens", type=_positive, default=128, help="tokens per answer (default 128)")
+    compare.add_argument("--concurrency", type=_positive, default=4, help="requests in flight (default 4)")
+    compare.add_argument(
+        "--step-costs",
+        type=Path,
+        default=None,
+        help="a step-costs table (bench/bench_step_cost.py, bench/project_kimi.py --step-costs) for "
+        "the best budget per concurrency; without it that table is left out",
+    )
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results/drafter_compare"),
+        help="folder for drafter_compare.json / .png (default bench/results/drafter_compare)",
+    )
 
-def run_drafter(args) -> int:
+
+def run_drafter(args, server_args: list[str] = ()) -> int:
     if args.drafter_command == "regenerate":
         return _regenerate(args)
+    if args.drafter_command == "compare":
+        return _compare(args, list(server_args))
     return _config(args)
+
+
+def _named(values: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"{flag} {value}: give NAME=PATH")
+        if name in out:
+            raise ValueError(f"{flag} {value}: the name {name} is given twice")
+        out[name] = path
+    return out
+
+
+def _compare(args, server_args: list[str]) -> int:
+    from sglang_kimi.assets import DEMO_QUESTIONS
+    from sglang_kimi.drafters.compare import CompareError, compare, load_prompt_set, print_tables, write
+
+    try:
+        drafters = _named(args.drafter, "--drafter")
+        sets = _named(args.prompts, "--prompts") if args.prompts else {"gsm8k": str(DEMO_QUESTIONS)}
+    except ValueError as exc:
+        return command_failed(str(exc))
+    if len(drafters) < 2:
+        return command_failed("--drafter: give two or more drafters to compare (NAME=PATH each)")
+    costs = None
+    if args.step_costs is not None:
+        from sglang_kimi.speculative.adaptive.profile import StepCostsError, read_step_costs
+
+        try:
+            costs = read_step_costs(args.step_costs).seconds.get("tree")
+        except StepCostsError as exc:
+            return command_failed(str(exc))
+        if not costs:
+            return command_failed(f"--step-costs {args.step_costs} has no tree costs: measure them in tree mode")
+    try:
+        prompt_sets = {name: load_prompt_set(Path(path), args.num_prompts) for name, path in sets.items()}
+        data = compare(args.target, drafters, prompt_sets, budget=args.budget, max_tokens=args.max_tokens,
+                       concurrency=args.concurrency, server_args=server_args, step_costs=costs,
+                       log_dir=args.out / "logs")  # fmt: skip
+    except (CompareError, OSError) as exc:
+        return command_failed(str(exc))
+    print_tables(data)
+    for path in write(data, args.out):
+        print(f"wrote {path}")
+    return 0
 
 
 def _regenerate(args) -> int:

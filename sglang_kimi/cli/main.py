@@ -266,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         args, rest = parser.parse_known_args(argv)
         return cmd_serve(args, rest)
+    if argv[:2] == ["drafter", "compare"] and "--" in argv:  # SGLang flags for the servers after --
+        split = argv.index("--")
+        args = parser.parse_args(argv[:split])
+        from sglang_kimi.cli.drafter import run_drafter
+
+        return run_drafter(args, argv[split + 1 :])
     if argv and argv[0] in ("eval", "bench"):
         argv = _attach_flags_values(argv)
     args = parser.parse_args(argv)

@@ -215,3 +215,38 @@ def test_specforge_exports_the_plugin_cannot_serve_are_refused_naming_the_fix():
     with pytest.raises(DrafterConfigError, match="mask_token_id is missing: add the token id.*export --to hf"):
         parse_drafter_config(lost)
     parse_drafter_config(config)
+
+
+def test_compare_statistics_from_accepted_paths():
+    """Nested budgets: budget b accepts the path's nodes numbered within b; tau(b) = 1 + their mean per step; depth d:
+    the share of steps whose path reached d drafts; the best budget per batch by tokens per second."""
+    from sglang_kimi.drafters.compare import acceptance, best_budgets, budgets_up_to
+
+    assert budgets_up_to(16) == [0, 1, 2, 4, 8, 16] and budgets_up_to(6) == [0, 1, 2, 4, 6]
+    paths = [[1, 2, 5], [1, 3], [], [2, 9, 10, 11]]  # four steps of a budget-16 tree
+    stats = acceptance(paths, 16)
+    assert stats["steps"] == 4
+    assert stats["tau_by_budget"][0] == 1.0
+    assert stats["tau_by_budget"][1] == 1 + (1 + 1 + 0 + 0) / 4  # node 1 leads two paths
+    assert stats["tau_by_budget"][4] == 1 + (2 + 2 + 0 + 1) / 4
+    assert stats["tau_by_budget"][16] == 1 + (3 + 2 + 0 + 4) / 4
+    assert stats["accepted_by_depth"] == [0.75, 0.75, 0.5, 0.25]
+    seconds = {1: {0: 1.0, 8: 1.2, 16: 2.0}, 64: {0: 1.0, 8: 3.0, 16: 6.0}}
+    taus = {0: 1.0, 8: 2.5, 16: 3.0}
+    best = best_budgets(taus, seconds)
+    assert best[1]["budget"] == 8 and best[1]["speedup"] == pytest.approx(2.5 / 1.2)
+    assert best[64]["budget"] == 0 and best[64]["speedup"] == pytest.approx(1.0)  # drafting costs more than it gives
+
+
+def test_compare_refuses_what_it_cannot_run(tmp_path, capsys):
+    base = ["drafter", "compare", "--target", str(TINY_MODEL)]
+    assert cli.main([*base, "--drafter", "a=/x"]) == 2
+    assert "two or more drafters" in capsys.readouterr().err
+    assert cli.main([*base, "--drafter", "a=/x", "--drafter", "a=/y"]) == 2
+    assert "given twice" in capsys.readouterr().err
+    assert cli.main([*base, "--drafter", "/x", "--drafter", "b=/y"]) == 2
+    assert "give NAME=PATH" in capsys.readouterr().err
+    bad = tmp_path / "costs.json"
+    bad.write_text("{}")
+    assert cli.main([*base, "--drafter", "a=/x", "--drafter", "b=/y", "--step-costs", str(bad)]) == 2
+    assert "is not sglang-kimi-step-costs" in capsys.readouterr().err
