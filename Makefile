@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/constraints.tx
 	$(PIP) --no-warn-conflicts -e ".[eval,test]" -c requirements/constraints.txt
 	@# Mooncake's CPU build (PD disaggregation's KV transfer in the tests) links libibverbs: Debian's, unpacked here
 	$(PY) scripts/fetch_rdma_libs.py $(VENV)/rdma-libs
+	@# SpecForge's own export code, in a folder of its own (the tests run it there): its pins (torch 2.11, sglang 0.5.14,
+	@# transformers 5.8.1) have no CPU build on the registry, so it runs on this environment's torch and transformers
+	$(PIP) --no-deps --upgrade --target $(VENV)/specforge specforge==0.2.0
 	@# sglang was installed without its GPU requirements on purpose: say so once, and show any other conflict.
 	@unmet=$$($(PY) -m pip check 2>/dev/null | grep -c '^sglang '); \
 	  echo "note: sglang $(SGLANG_VERSION) is installed without $$unmet of its requirements (CUDA wheels, torch 2.14.1):" \
