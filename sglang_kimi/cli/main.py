@@ -35,6 +35,11 @@ Several nodes (--nnodes N): run one `sglang-kimi serve` per node with the same f
 HOST:PORT and its own --node-rank; node 0 serves the requests, the others answer /health only. Nodes on one
 machine (a loopback --dist-init-addr) each take their share of its cores and need their own --port.
 
+PD disaggregation (--disaggregation-mode prefill / decode): --language-model-only is not added (SGLang refuses it
+there), so a multimodal checkpoint without an image processor is refused: serve a text-only one. On CPU the KV moves
+with --disaggregation-transfer-backend mooncake_tcp. Requests go through sglang-router --pd-disaggregation
+(docs/scale-out.md).
+
 examples:
   sglang-kimi serve
   sglang-kimi serve --speculative-algorithm DFLASH --speculative-dflash-tree-budget 16

@@ -1,10 +1,11 @@
 """Speculative servers behind SGLang's own router (``sglang-router``, round-robin): the session's DFLASH tree and
-EAGLE3 tree servers and an adaptive DFLASH tree server are its three workers.
+EAGLE3 tree servers and its autoregressive reference server are the router's three workers (a mixed fleet).
 
 - A mixed concurrent load through the router (greedy ``/generate``, greedy OpenAI chat, sampled requests) gives
-  every greedy request the non-speculative server's output, and every worker serves part of it.
-- ``sglang-kimi acceptance`` given the router's URL reads every worker it lists: each worker's counters equal what
-  that worker reports itself, and the summed row is their sum (tau recomputed from the summed histogram).
+  every greedy request the non-speculative server's output, and both tree workers serve part of it.
+- ``sglang-kimi acceptance`` given the router's URL reads every worker it lists: each tree worker's counters equal
+  what that worker reports itself, the autoregressive one has none, and the summed row is the trees' sum (tau
+  recomputed from the summed histogram).
 """
 
 from __future__ import annotations
@@ -15,30 +16,22 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from support.router import router
-from support.servers import server_config
-from support.spec_e2e import KIMI_CPU, TINY, TREE_SERVERS, generate, gsm8k_prompts, shared_tree_server
+from support.spec_e2e import TINY, TREE_SERVERS, generate, gsm8k_prompts, shared_tree_server
 
-from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.cli import main as cli
 from sglang_kimi.launcher.dp_reports import merged_report
 from sglang_kimi.speculative import acceptance_rates
 
 pytestmark = pytest.mark.e2e
 SHARED = ("dflash-tree-32", "eagle3-tree")
-ADAPTIVE_TREE = server_config(
-    "router-adaptive-tree",
-    [*KIMI_CPU, "--enable-metrics", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-     str(TINY_DFLASH), "--speculative-dflash-tree-budget", "16", "--speculative-kimi-adaptive"],
-)  # fmt: skip
-SERVERS = [TINY, *(TREE_SERVERS[name] for name in SHARED), ADAPTIVE_TREE]
+SERVERS = [TINY, *(TREE_SERVERS[name] for name in SHARED)]
 GREEDY, CHATS, SAMPLED, TOKENS, CONCURRENCY = 18, 6, 6, 32, 8
 
 
 @pytest.fixture(scope="module")
-def workers(request, server_pool):
-    shared = [shared_tree_server(server_pool, request, name) for name in SHARED]
-    yield [*shared, server_pool.get(ADAPTIVE_TREE, request)]
-    server_pool.stop(ADAPTIVE_TREE)
+def workers(request, server_pool, tiny_server):
+    """The two tree servers, then the autoregressive one."""
+    return [*(shared_tree_server(server_pool, request, name) for name in SHARED), tiny_server]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +59,8 @@ def test_a_mixed_load_through_the_router_is_lossless(router_url, workers, tiny_s
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         reference = list(pool.map(lambda p: generate(tiny_server.base_url, p, TOKENS)["output_ids"], prompts))
         chat_reference = list(pool.map(lambda q: chat(tiny_server.base_url, q), questions))
-    before = [steps(w.base_url) for w in workers]
+    trees = workers[: len(SHARED)]
+    before = [steps(w.base_url) for w in trees]
 
     jobs = [("greedy", i) for i in range(GREEDY)] + [("chat", i) for i in range(CHATS)]
     jobs += [("sampled", i) for i in range(SAMPLED)]
@@ -90,16 +84,18 @@ def test_a_mixed_load_through_the_router_is_lossless(router_url, workers, tiny_s
     for i in range(SAMPLED):
         out = results[("sampled", i)]
         assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop") and out["output_ids"], out["meta_info"]
-    after = [steps(w.base_url) for w in workers]
-    assert all(a > b for a, b in zip(after, before)), f"a worker served none of the load: {before} -> {after}"
+    after = [steps(w.base_url) for w in trees]
+    assert all(a > b for a, b in zip(after, before)), f"a tree worker served none of the load: {before} -> {after}"
 
 
 def test_acceptance_of_each_worker_and_summed_through_the_router(router_url, workers, capsys):
-    generate(router_url, gsm8k_prompts(2)[1], TOKENS)  # at least one speculative step on some worker
+    for prompt in gsm8k_prompts(3):  # at least one speculative step on some worker
+        generate(router_url, prompt, TOKENS)
     assert cli.main(["acceptance", "--base-url", router_url, "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
-    urls = [w.base_url for w in workers]
-    assert sorted(table["workers"]) == sorted(urls)
+    urls = [w.base_url for w in workers[: len(SHARED)]]
+    assert sorted(table["workers"]) == sorted(w.base_url for w in workers)
+    assert table["workers"][workers[-1].base_url] is None  # the autoregressive worker counts no drafts
     own = {url: merged_report(requests.get(url + "/server_info", timeout=60).json())["spec_metrics"] for url in urls}
     for url in urls:  # idle servers: the counters read through the router are the worker's own
         for key in ("steps", "drafted_per_position", "accepted_per_position", "accept_length_histogram"):
@@ -112,4 +108,5 @@ def test_acceptance_of_each_worker_and_summed_through_the_router(router_url, wor
     assert summed["tau"] == pytest.approx(acceptance_rates.tau(summed["accept_length_histogram"]))
     assert cli.main(["acceptance", "--base-url", router_url]) == 0
     printed = capsys.readouterr().out
-    assert all(url in printed for url in urls) and "all workers" in printed, printed
+    assert all(w.base_url in printed for w in workers) and "all workers" in printed, printed
+    assert "no speculative counters" in printed

@@ -13,7 +13,7 @@ import requests
 
 from sglang_kimi.launcher.checks import free_port
 
-READY_TIMEOUT = 120.0
+READY_TIMEOUT = 300.0  # the router registers a worker after its /health, /server_info and /model_info answer
 
 
 @contextmanager
@@ -62,10 +62,11 @@ def _wait_ready(url: str, workers: int, proc, log_path) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"sglang-router exited with {proc.returncode}: {open(log_path).read()[-2000:]}")
         try:
-            last = requests.get(url + "/readiness", timeout=5).json()
-            if last.get("healthy_workers") == workers:
+            response = requests.get(url + "/readiness", timeout=10)
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code == 200 and response.json().get("healthy_workers") == workers:
                 return
-        except (requests.RequestException, ValueError):
-            pass
+        except (requests.RequestException, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
         time.sleep(1.0)
     raise TimeoutError(f"sglang-router at {url} not ready with {workers} workers in {READY_TIMEOUT:.0f} s: {last}")

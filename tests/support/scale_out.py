@@ -108,15 +108,15 @@ ROWS: dict[str, dict[str, object]] = {
     },
     "PD disaggregation, decode side (`--disaggregation-mode`)": {
         "chain": Untested("SGLang's own worker"),
-        "tree": Tested(f"{_PD_TEST}[tree]"),
+        "tree": Tested(_PD_TEST),
         "eagle3": Untested("SGLang's own worker (hidden states travel from prefill)"),
-        "adaptive": Tested(f"{_PD_TEST}[adaptive]"),
+        "adaptive": Untested("the tree worker's decode side, at budgets chosen per step; no test serves it"),
     },
     "replicas behind `sglang-router`": {
         "chain": Untested("SGLang's own worker; the router sees a plain server"),
         "tree": Tested("e2e/test_router.py::test_a_mixed_load_through_the_router_is_lossless"),
         "eagle3": Tested("e2e/test_router.py::test_a_mixed_load_through_the_router_is_lossless"),
-        "adaptive": Tested("e2e/test_router.py::test_a_mixed_load_through_the_router_is_lossless"),
+        "adaptive": Untested("the router sees a plain server; no adaptive worker behind it is tested"),
     },
 }  # fmt: skip
 
