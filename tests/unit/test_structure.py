@@ -120,8 +120,8 @@ PLUGIN_LEVEL = {
     "__init__", "plugin", "hooks", "settings", "parser_flags", "errors", "version", "server_info", "environment_check",
     "log",
 }  # fmt: skip
-AREAS = {"speculative", "models", "platform", "hardening", "launcher", "cli"}
-SERVING_AREAS = AREAS - {"launcher", "cli"}  # each with its table of registrations (registrations.py)
+AREAS = {"speculative", "models", "platform", "hardening", "launcher", "drafters", "cli"}
+SERVING_AREAS = AREAS - {"launcher", "drafters", "cli"}  # each with its table of registrations (registrations.py)
 DATA_FOLDERS = {"assets"}  # package data, and (__init__.py) the one place their paths are written
 
 
