@@ -35,7 +35,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from support.child_process import make_child_module  # noqa: E402
-from support.lanes import LaneScheduling, lane_of_path  # noqa: E402
+from support.lanes import LaneScheduling, lane_of_path, run_order  # noqa: E402
 
 LAYERS = ("unit", "statistical", "e2e", "gpu")
 LANES_STARTED = pytest.StashKey[list]()  # the lanes whose tests have started in this process, in order
@@ -65,6 +65,7 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: run_order(Path(str(item.fspath))))  # stable: support.lanes.LAST at the end
     for item in items:
         layer = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
         if layer in LAYERS:

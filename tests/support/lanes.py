@@ -16,6 +16,10 @@ from xdist.scheduler import LoadScopeScheduling
 TESTS = Path(__file__).resolve().parents[1]
 FIRST, SECOND = "lane-1", "lane-2"
 # from the tests' folder
+# Files that start servers of their own (a PD pair, a drafter per comparison, a SpecForge export): they run last, at
+# the end of the longer lane, after its shared servers have stopped and once the other lane's servers are done, so
+# that they add no server to the most the machine's memory holds at once.
+LAST = ("e2e/test_disaggregation.py", "e2e/test_drafter_compare.py", "e2e/test_specforge_exports.py")
 SECOND_LANE = {
     "e2e/test_cpu_spec_decoding.py",
     "e2e/test_reliability.py",
@@ -27,7 +31,14 @@ SECOND_LANE = {
     "e2e/test_faults.py",
     "e2e/test_server.py",
     "e2e/test_bench.py",
+    *LAST,
 }
+
+
+def run_order(path: Path) -> int:
+    """0 for a file run in collection order, 1, 2, ... for the files of :data:`LAST`, which run after all others."""
+    relative = path.resolve().relative_to(TESTS).as_posix()
+    return LAST.index(relative) + 1 if relative in LAST else 0
 
 
 def lane_of_path(path: Path) -> str:
