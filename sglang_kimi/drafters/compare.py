@@ -154,11 +154,9 @@ def print_tables(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> Path:
-    import matplotlib
+    from sglang_kimi.evals.plots import _pyplot, _save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, entry in data["drafters"].items():
         taus = entry["all"]["tau_by_budget"]
@@ -172,10 +170,7 @@ def plot(data: dict, path: Path) -> Path:
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write(data: dict, out_dir: Path) -> list[Path]:
