@@ -34,6 +34,10 @@ DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default dflash_config.mask_token
 
 GQA, MLA = "gqa", "mla"
 ARCHITECTURE_ATTENTION = {"LlamaForCausalLMEagle3": GQA, "Eagle3DeepseekV2ForCausalLM": MLA}
+# A LlamaForCausalLMEagle3 config that sets norm_output says which meaning it was trained with (see
+# check_norm_output_meaning): "sglang" = the next draft step reads the normed output.
+NORM_OUTPUT_MEANING_KEY = "norm_output_meaning"
+SGLANG_NORM_OUTPUT = "sglang"
 
 
 class DrafterConfigError(ValueError):
@@ -426,6 +430,7 @@ class Eagle3Config:
             "use_aux_norm", "norm_output", "norm_before_fc", "bias", "rms_norm_eps", "rope_theta", "rope_scaling",
             "rope_parameters", "max_position_embeddings", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
             "qk_rope_head_dim", "v_head_dim", "rope_interleave", "hidden_act", "tie_word_embeddings",
+            NORM_OUTPUT_MEANING_KEY,
         }  # fmt: skip
         cfg = cls(
             architecture=arch,
@@ -462,6 +467,7 @@ class Eagle3Config:
             raise DrafterConfigError(
                 f"num_aux_hidden_states {num_aux} disagrees with eagle_aux_hidden_state_layer_ids {list(ids)}"
             )
+        check_norm_output_meaning(arch, d)
         return cfg
 
     @classmethod
@@ -507,6 +513,8 @@ class Eagle3Config:
             d["fc_norm"] = True
         if self.norm_output:
             d["norm_output"] = True
+            if self.architecture == "LlamaForCausalLMEagle3":
+                d[NORM_OUTPUT_MEANING_KEY] = SGLANG_NORM_OUTPUT
         if self.fc_bias:
             d["bias"] = True
         ec = dict(d.get("eagle_config") or {})
@@ -530,6 +538,47 @@ class Eagle3Config:
     def resolve_target_layer_ids(self, target_num_layers: int) -> list[int]:
         """The captured features as layer-output ids l (HF ``hidden_states[l + 1]``; -1 = the embeddings)."""
         return [c - 1 for c in self.capture_points(target_num_layers)]
+
+
+def check_norm_output_meaning(architecture: str, d: Mapping) -> None:
+    """Refuses a ``LlamaForCausalLMEagle3`` config that sets ``norm_output`` without saying which meaning it has.
+
+    The key means two things. In SGLang (and here) the drafter's logits always come from its normed output, and
+    ``norm_output: true`` makes the next draft step read that normed output instead of the pre-norm one (EAGLE3.1).
+    SpecForge's EAGLE3 trainer always feeds the pre-norm output back and reads the key as "norm before the LM
+    head": true (its default) is SGLang's default behaviour, false an LM head over the un-normed output, which
+    SGLang cannot serve. A SpecForge export with the key set would load and draft worse than it was trained to,
+    silently. SpecForge exports only this architecture, so the MLA drafter (``Eagle3DeepseekV2ForCausalLM``) is
+    not checked; a config whose ``norm_output_meaning`` is ``"sglang"`` was trained with SGLang's meaning.
+    """
+    if architecture != "LlamaForCausalLMEagle3" or "norm_output" not in d:
+        return
+    meaning = d.get(NORM_OUTPUT_MEANING_KEY)
+    if meaning == SGLANG_NORM_OUTPUT:
+        return
+    if meaning is not None:
+        raise DrafterConfigError(
+            f"{NORM_OUTPUT_MEANING_KEY} {meaning!r} is not understood: the one value is {SGLANG_NORM_OUTPUT!r} (the "
+            "next draft step reads the normed output); for a SpecForge-trained drafter remove both keys"
+        )
+    value = d["norm_output"]
+    if value is True:
+        specforge = (
+            "remove norm_output from config.json: SpecForge trained the LM head on the normed output and fed the "
+            "pre-norm output back, which is exactly what SGLang serves without the key"
+        )
+    else:
+        specforge = (
+            f"norm_output {json.dumps(value)} there means an LM head over the un-normed output, which SGLang cannot "
+            "serve: train it again without norm_output (SpecForge's default norms before the head)"
+        )
+    raise DrafterConfigError(
+        f"norm_output is ambiguous in an EAGLE3 drafter config: SGLang reads it as \"the next draft step reads the "
+        "normed output\" (EAGLE3.1), SpecForge's trainer as \"norm before the LM head\" (it always feeds the pre-norm "
+        f"output back), and the drafter would silently draft worse than it was trained to. If SpecForge trained it, "
+        f"{specforge}. If it was trained to feed its normed output back, add "
+        f'"{NORM_OUTPUT_MEANING_KEY}": "{SGLANG_NORM_OUTPUT}" to config.json'
+    )
 
 
 def drafter_algorithm(draft_config: Any) -> str:

@@ -62,6 +62,28 @@ def test_published_configs():
         assert Eagle3Config.from_dict(cfg.to_dict()) == cfg
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_norm_output_on_a_gqa_drafter_must_say_its_meaning(value):
+    """SpecForge's EAGLE3 trainer reads norm_output as "norm before the LM head" (feeding the pre-norm output back),
+    SGLang as "the next step reads the normed output": a LlamaForCausalLMEagle3 config that sets it without
+    norm_output_meaning is refused, with the fix for each trainer; the MLA drafter (which SpecForge does not export)
+    is not."""
+    d = fixture(EAGLE3_GQA)
+    d["norm_output"] = value
+    with pytest.raises(DrafterConfigError, match="norm_output is ambiguous") as refused:
+        Eagle3Config.from_dict(d)
+    message = str(refused.value)
+    assert ("remove norm_output from config.json" in message) == value
+    assert ("train it again without norm_output" in message) == (not value)
+    assert '"norm_output_meaning": "sglang"' in message
+    cfg = Eagle3Config.from_dict({**d, "norm_output_meaning": "sglang"})
+    assert cfg.norm_output == value and Eagle3Config.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(DrafterConfigError, match="'specforge' is not understood"):
+        Eagle3Config.from_dict({**d, "norm_output_meaning": "specforge"})
+    mla = fixture(EAGLE3_MLA)
+    assert Eagle3Config.from_dict({**mla, "norm_output": value}).norm_output == value
+
+
 def test_capture_rule():
     """SGLang: ids starting with 1 are layer outputs (captured at l+1); any other list is raw capture points."""
     d = fixture(EAGLE3_MLA)
