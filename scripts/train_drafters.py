@@ -3,6 +3,9 @@
 
     python scripts/train_drafters.py   # both: sglang_kimi/assets/tiny-kimi-k2.6-{dflash,eagle3}/
     python scripts/train_drafters.py --prompts 64 --minutes 1 --out-dir /tmp/drafters   # smoke run
+    # from conversations a served target answered (`sglang-kimi drafter regenerate`), as SpecForge trains, and
+    # written as a SpecForge training checkpoint that `specforge export --to hf` turns into the served folder:
+    python scripts/train_drafters.py --only dflash --data regenerated.jsonl --specforge-checkpoint out/ckpt
 
 Steps:
 1. regenerate (SpecForge-style): the tiny target decodes ``"Question: {q}\\nAnswer:"`` for GSM8K *train*
@@ -20,6 +23,11 @@ Steps:
    own previous output and the token j further, at position i+j, attending to the causal step-0 rows and to its
    own earlier steps; loss = soft cross-entropy against the target's distribution restricted to the draft vocab
    (rows whose target argmax is outside it are skipped), weighted 0.8^j.
+With ``--data``, step 1 reads SpecForge's regenerated-conversation rows instead (``sglang-kimi drafter regenerate``
+writes them from a served target): each assistant turn is one sequence, the conversation before it rendered by the
+target's chat template with the generation prompt (the context, no loss), then the turn as the template closes it
+(the generated part, where anchors and labels lie); longer sequences are cut at ``--max-seq-len``.
+
 5. save (bf16, the published layouts), load back with SGLang's own config reader and model classes
    (``_drafter_sglang_check.py``), and measure tau on a few GSM8K *test* prompts in the reference loop.
 
@@ -36,6 +44,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,7 +55,7 @@ import _drafter_common as common
 
 from sglang_kimi.assets import ASSETS_DIR
 from sglang_kimi.models import tiny
-from sglang_kimi.speculators import configs
+from sglang_kimi.speculators import configs, pairing
 from sglang_kimi.speculators.reference import dflash, eagle3
 from sglang_kimi.speculators.reference.deepseek_v3 import CompactDeepseekV3
 from sglang_kimi.speculators.reference.loop import ChainProposer, EagleProposer, generate
@@ -74,6 +83,52 @@ def regenerate(model, tokenizer, num_prompts: int, new_tokens: int, batch: int, 
         done = min(i + batch, len(prompts))
         print(f"  regenerated {done}/{len(prompts)} ({time.time() - start:.0f} s)", flush=True)
     return out
+
+
+def conversation_sequences(path: Path, tokenizer, max_len: int) -> tuple[list[dict], dict]:
+    """[{"ids", "prompt_len"}] from SpecForge's regenerated rows: one sequence per assistant turn, the context
+    rendered with the generation prompt, the turn as the chat template closes it; and counts of what was left out."""
+    from sglang_kimi.drafters.regenerate import read_rows, turns
+
+    def render(messages, prompt: bool) -> list[int]:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True,
+                                                  return_dict=True)["input_ids"])  # fmt: skip
+
+    seqs, skipped = [], {"rows_without_conversation": 0, "turns_not_extending_the_context": 0, "turns_past_max_len": 0}
+    for row in read_rows(path):
+        if isinstance(row, dict) and row.get("status", "success") != "success":
+            skipped["rows_without_conversation"] += 1
+            continue
+        messages, _ = turns(row)
+        if messages is None:
+            skipped["rows_without_conversation"] += 1
+            continue
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            context, full = render(messages[:k], True), render(messages[: k + 1], False)
+            if full[: len(context)] != context or len(full) <= len(context) + 1:
+                skipped["turns_not_extending_the_context"] += 1
+                continue
+            if len(context) + 2 > max_len:
+                skipped["turns_past_max_len"] += 1
+                continue
+            seqs.append({"ids": full[:max_len], "prompt_len": len(context)})
+    if not seqs:
+        raise SystemExit(f"{path}: no assistant turn to train on ({skipped})")
+    return sorted(seqs, key=lambda s: len(s["ids"])), skipped
+
+
+def write_specforge_checkpoint(model: dflash.DFlashDrafter, folder: Path, target_name: str) -> Path:
+    """SpecForge's training checkpoint of the DFlash drafter: ``training_state.pt`` (the draft's state dict, whose
+    names are SpecForge's ``DFlashDraftModel``'s, and the strategy), and ``draft_config.json`` for its exporter."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    torch.save({"draft_state_dict": state, "strategy": "dflash"}, folder / "training_state.pt")
+    config = {**model.config.to_dict(), "target_model_name_or_path": target_name}
+    config.setdefault("architectures", ["DFlashDraftModel"])
+    (folder / "draft_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
 
 
 @torch.no_grad()
@@ -203,11 +258,63 @@ def dflash_config(args) -> configs.DFlashConfig:
     )
 
 
+@dataclass
+class Blocks:
+    """A training step's DFlash blocks: ``n`` anchors per sequence, each a block [t_a, mask x (B-1)] at positions
+    a..a+B-1 that sees the context before a and its own block."""
+
+    ids: torch.Tensor  # [S, n, B]: the anchor token, then the mask token
+    positions: torch.Tensor  # [S, n, B]
+    context_positions: torch.Tensor  # [S, T]
+    mask: torch.Tensor  # [S, n*B, T + n*B]: the context keys before the anchor, then the own block
+    features: torch.Tensor  # [S, T, K*H]: the target's features
+    labels: torch.Tensor  # [S, n, B-1]: t_{a+1..a+B-1}
+    label_ok: torch.Tensor  # [S, n, B-1]: inside the sequence, of a real anchor
+    anchor_ok: torch.Tensor  # [S, n]: a real anchor (short sequences have fewer)
+
+
+def sample_blocks(batch: list[dict], slots: list[int], block: int, per_seq: int, rng: random.Random) -> Blocks:
+    """Anchors drawn in the generated part of each sequence (the root has at least one label after it)."""
+    ids, feats, lengths = pad_batch(batch, slots)
+    s, t = ids.shape
+    anchors = torch.zeros(s, per_seq, dtype=torch.long)
+    anchor_ok = torch.zeros(s, per_seq, dtype=torch.bool)
+    for j, seq in enumerate(batch):
+        lo, hi = seq["prompt_len"], len(seq["ids"]) - 2
+        choices = rng.sample(range(lo, hi + 1), min(per_seq, hi - lo + 1))
+        anchors[j, : len(choices)] = torch.tensor(choices)
+        anchor_ok[j, : len(choices)] = True
+    pos = anchors[:, :, None] + torch.arange(block)  # [S, n, B]
+    label_pos = pos[:, :, 1:]
+    label_ok = anchor_ok[:, :, None] & (label_pos < lengths[:, None, None])
+    labels = ids.gather(1, label_pos.clamp(max=t - 1).flatten(1)).view_as(label_pos)
+    block_ids = torch.full_like(pos, tiny.MASK_TOKEN_ID)
+    block_ids[:, :, 0] = ids.gather(1, anchors)
+    n = per_seq * block
+    ctx_vis = torch.arange(t)[None, None, :] < anchors[:, :, None]  # [S, n, T]
+    ctx_vis = ctx_vis[:, :, None, :].expand(s, per_seq, block, t).reshape(s, n, t)
+    blk = torch.arange(n) // block
+    own = (blk[:, None] == blk[None, :])[None].expand(s, n, n)
+    return Blocks(block_ids, pos, torch.arange(t).expand(s, t), torch.cat([ctx_vis, own], dim=2), feats, labels,
+                  label_ok, anchor_ok)  # fmt: skip
+
+
+def block_hidden(model: dflash.DFlashDrafter, blocks: Blocks) -> torch.Tensor:
+    """The drafter's hidden states at the blocks' draft positions [S, n, B-1, H]."""
+    s, per_seq, block = blocks.ids.shape
+    ctx = model.project_context(blocks.features)
+    hidden = model(model.embed(blocks.ids.flatten(1)), ctx, blocks.positions.flatten(1), blocks.context_positions,
+                   blocks.mask)  # fmt: skip
+    return hidden.view(s, per_seq, block, -1)[:, :, 1:]
+
+
 def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, dict]:
     cfg = dflash_config(args)
     torch.manual_seed(args.seed)
     model = dflash.DFlashDrafter.from_pretrained(args.init_from) if args.init_from else dflash.DFlashDrafter(cfg)
     cfg = model.config
+    for key in pairing.EXPLICIT_TARGET_FIELDS:  # fine-tuned here, it is this run's target's drafter
+        cfg.extra.pop(key, None)
     model.attach_target(target.embed_tokens.weight, target.lm_head.weight)
     slots = layer_slots(cfg.target_layer_ids)
     block = cfg.block_size
@@ -216,35 +323,11 @@ def train_dflash(args, target, seqs: list[dict]) -> tuple[dflash.DFlashDrafter, 
     anchors_per_seq = args.anchors
 
     def step_fn(step: int):
-        batch = rng.sample(seqs, args.batch)
-        ids, feats, lengths = pad_batch(batch, slots)
-        s, t = ids.shape
-        anchors = torch.zeros(s, anchors_per_seq, dtype=torch.long)
-        anchor_ok = torch.zeros(s, anchors_per_seq, dtype=torch.bool)
-        for j, seq in enumerate(batch):
-            lo, hi = seq["prompt_len"], len(seq["ids"]) - 2  # root in the generated part, >= 1 label
-            choices = rng.sample(range(lo, hi + 1), min(anchors_per_seq, hi - lo + 1))
-            anchors[j, : len(choices)] = torch.tensor(choices)
-            anchor_ok[j, : len(choices)] = True
-        offs = torch.arange(block)
-        pos = anchors[:, :, None] + offs  # [S, n, B]
-        label_pos = pos[:, :, 1:]
-        label_ok = anchor_ok[:, :, None] & (label_pos < lengths[:, None, None])
-        labels = ids.gather(1, label_pos.clamp(max=t - 1).flatten(1)).view_as(label_pos)
-        block_ids = torch.full_like(pos, tiny.MASK_TOKEN_ID)
-        block_ids[:, :, 0] = ids.gather(1, anchors)
-        n = anchors_per_seq * block
-        # mask [S, n*B, T + n*B]: context keys before the anchor, then the own block
-        ctx_vis = torch.arange(t)[None, None, :] < anchors[:, :, None]  # [S, n, T]
-        ctx_vis = ctx_vis[:, :, None, :].expand(s, anchors_per_seq, block, t).reshape(s, n, t)
-        blk = torch.arange(n) // block
-        own = (blk[:, None] == blk[None, :])[None].expand(s, n, n)
-        mask = torch.cat([ctx_vis, own], dim=2)
+        blocks = sample_blocks(rng.sample(seqs, args.batch), slots, block, anchors_per_seq, rng)
         with autocast(args):
-            ctx = model.project_context(feats)
-            hidden = model(model.embed(block_ids.flatten(1)), ctx, pos.flatten(1), torch.arange(t).expand(s, t), mask)
-            hidden = hidden.view(s, anchors_per_seq, block, -1)[:, :, 1:]
+            hidden = block_hidden(model, blocks)  # [S, n, B-1, H]
             logits = model.logits(hidden)  # [S, n, B-1, V] float32
+        labels, label_ok, anchor_ok = blocks.labels, blocks.label_ok, blocks.anchor_ok
         ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
         w = decay[None, None, :] * label_ok
         loss = (ce * w).sum() / w.sum()
@@ -494,6 +577,20 @@ def main() -> None:
     ap.add_argument("--ttt", type=int, default=5, help="EAGLE3 training-time-test unroll (the tree depth)")
     ap.add_argument("--out-dir", type=Path, default=ASSETS_DIR, help="parent folder of the two drafter folders")
     ap.add_argument("--data-cache", type=Path, help="reuse / write the regenerated text here (.pt)")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        help="train on SpecForge's regenerated-conversation rows (.jsonl, from `sglang-kimi drafter regenerate`) "
+        "instead of regenerating GSM8K answers here",
+    )
+    ap.add_argument("--max-seq-len", type=int, default=512, help="with --data: tokens kept per sequence")
+    ap.add_argument(
+        "--specforge-checkpoint",
+        type=Path,
+        metavar="FOLDER",
+        help="also write the DFlash drafter as SpecForge's training checkpoint (training_state.pt and "
+        "draft_config.json) for `specforge export --to hf`",
+    )
     ap.add_argument("--report", type=Path, default=REPO / "bench" / "results" / "bench_tau_training.json")
     ap.add_argument("--tau-prompts", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: OpenMP threads stall on a busy CPU)")
@@ -511,6 +608,8 @@ def main() -> None:
     ap.add_argument("--declared-target", help="written as target_model in the drafter's config.json")
     args = ap.parse_args()
 
+    if args.specforge_checkpoint and args.only == "eagle3":
+        ap.error("--specforge-checkpoint writes the DFlash drafter: leave out --only eagle3")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     target = CompactDeepseekV3.from_pretrained(tiny.TINY_MODEL)
@@ -522,7 +621,11 @@ def main() -> None:
     report: dict = {"target": str(tiny.TINY_MODEL.relative_to(REPO))}
 
     t0 = time.time()
-    if args.data_cache and args.data_cache.exists():
+    if args.data:
+        seqs, skipped = conversation_sequences(args.data, tokenizer, args.max_seq_len)
+        report.update(data=str(args.data), skipped=skipped)
+        print(f"conversations: {len(seqs)} assistant turns from {args.data} (left out: {skipped})", flush=True)
+    elif args.data_cache and args.data_cache.exists():
         seqs = torch.load(args.data_cache)
         print(f"regenerated text: {len(seqs)} sequences from {args.data_cache}")
     else:
@@ -548,6 +651,9 @@ def main() -> None:
         print(f"training {name}", flush=True)
         model, rep = trainers[name](args, train_target, seqs)
         model.save_pretrained(dirs[name])
+        if name == "dflash" and args.specforge_checkpoint:
+            target_name = args.declared_target or str(tiny.TINY_MODEL)
+            print(f"SpecForge checkpoint: {write_specforge_checkpoint(model, args.specforge_checkpoint, target_name)}")
         if args.declared_target:
             config_path = dirs[name] / "config.json"
             config = json.loads(config_path.read_text())

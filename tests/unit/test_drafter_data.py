@@ -250,3 +250,42 @@ def test_compare_refuses_what_it_cannot_run(tmp_path, capsys):
     bad.write_text("{}")
     assert cli.main([*base, "--drafter", "a=/x", "--drafter", "b=/y", "--step-costs", str(bad)]) == 2
     assert "is not sglang-kimi-step-costs" in capsys.readouterr().err
+
+
+def test_training_reads_regenerated_conversations_one_sequence_per_assistant_turn(tmp_path, monkeypatch):
+    """``scripts/train_drafters.py --data``: every assistant turn of SpecForge's rows is one sequence, the
+    conversation before it rendered by the target's chat template with the generation prompt (no loss there), then
+    the turn as the template closes it; failed rows, rows without a conversation and turns whose context reaches the
+    length cap are left out and counted."""
+    from support.paths import SCRIPTS
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import _drafter_common
+    import train_drafters
+
+    tokenizer = _drafter_common.load_tokenizer()
+    long_question = "How many? " * 80
+    conversation = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "It is 5."},
+                    {"role": "user", "content": "And 2 + 4?"},
+                    {"role": "assistant", "content": "It is 6."}]  # fmt: skip
+    rows = [{"id": "a", "conversations": conversation, "status": "success"},
+            {"id": "b", "conversations": conversation[:2], "status": "error", "error": "HTTP 500"},
+            {"id": "c", "text": "no conversation"},
+            {"id": "d", "conversations": [{"role": "user", "content": long_question},
+                                          {"role": "assistant", "content": "Many."}]}]  # fmt: skip
+    path = tmp_path / "regenerated.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    seqs, skipped = train_drafters.conversation_sequences(path, tokenizer, max_len=64)
+    assert skipped == {"rows_without_conversation": 2, "turns_not_extending_the_context": 0, "turns_past_max_len": 1}
+    assert len(seqs) == 2
+
+    def render(messages, prompt):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+
+    for seq, k in zip(sorted(seqs, key=lambda s: s["prompt_len"]), (1, 3)):
+        context, turn = seq["ids"][: seq["prompt_len"]], seq["ids"][seq["prompt_len"] :]
+        assert tokenizer.decode(context) == render(conversation[:k], True)
+        assert tokenizer.decode(context + turn) == render(conversation[: k + 1], False)
+        assert tokenizer.decode(turn) == conversation[k]["content"] + "<|im_end|>"
+    short, _ = train_drafters.conversation_sequences(path, tokenizer, max_len=30)
+    assert all(len(s["ids"]) <= 30 for s in short) and len(short) >= 1
