@@ -53,6 +53,7 @@ def check(path: Path) -> dict:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.utils.hf_transformers_utils import get_config
 
+    from sglang_kimi.speculators.configs import DFLASH_ARCHITECTURES
     from sglang_kimi.speculators.reference import dflash, eagle3
     from sglang_kimi.speculators.reference.layers import rope_for
 
@@ -78,7 +79,7 @@ def check(path: Path) -> dict:
     report.update(sglang_parameters=sorted(params), checkpoint_tensors=sorted(weights), unfilled=unfilled)
     ok = not unfilled
 
-    if arch == "DFlashDraftModel":
+    if arch in DFLASH_ARCHITECTURES:
         from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 
         parsed = parse_dflash_draft_config(draft_hf_config=hf_config)

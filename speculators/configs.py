@@ -26,7 +26,10 @@ from typing import Any
 
 DFLASH = "DFLASH"
 EAGLE3 = "EAGLE3"
-DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+# DFlash2: the DFlash backbone and a candidate selector over each position's top-k (SGLang's DFlash2DraftModel and
+# its aliases)
+DFLASH2_ARCHITECTURES = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
+DFLASH_ARCHITECTURES = ("DFlashDraftModel", *DFLASH2_ARCHITECTURES)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 
 DEFAULT_BLOCK_SIZE = 16  # SGLang's default when a config has no block_size
@@ -173,6 +176,9 @@ class DFlashConfig:
     attention_bias: bool = False
     mask_token: str = DEFAULT_MASK_TOKEN
     architectures: tuple[str, ...] = ("DFlashDraftModel",)
+    # DFlash2: dflash_config.selector_rank / selector_top_k (0 = no candidate selector)
+    selector_rank: int = 0
+    selector_top_k: int = 0
     extra: dict = field(default_factory=dict, compare=False)  # every other config.json field, kept on save
 
     # -- parsing ---------------------------------------------------------------------------------------------
@@ -181,9 +187,10 @@ class DFlashConfig:
     def from_dict(cls, d: Mapping) -> DFlashConfig:
         d = dict(d)
         archs = tuple(d.get("architectures") or ())
-        if "DFlashDraftModel" not in archs:
+        if not any(a in DFLASH_ARCHITECTURES for a in archs):
             raise DrafterConfigError(
-                f"not a DFlash drafter config: architectures {list(archs)} (expected ['DFlashDraftModel'])"
+                f"not a DFlash drafter config: architectures {list(archs)} (expected one of "
+                f"{list(DFLASH_ARCHITECTURES)})"
             )
         dc = d.get("dflash_config") or {}
         if not isinstance(dc, Mapping):
@@ -193,10 +200,24 @@ class DFlashConfig:
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise DrafterConfigError(f"hidden_act {act!r} is not supported (DFlash drafters use silu)")
-        if d.get("use_gemma_norm") or dc.get("conv_kernel_size") or dc.get("selector_rank") or dc.get("projector_type"):
+        if d.get("use_gemma_norm") or dc.get("conv_kernel_size") or dc.get("projector_type"):
             raise DrafterConfigError(
-                "this DFlash variant (gemma norm, grouped conv, candidate selector or Domino projector) is not "
-                "the z-lab format this module implements"
+                "this DFlash variant (gemma norm, grouped conv or Domino projector) is not the z-lab format this "
+                "module implements"
+            )
+        selector_rank = _get({"n": dc.get("selector_rank") or 0}, "n", int, where="dflash_config.selector_rank")
+        selector_top_k = _get({"n": dc.get("selector_top_k") or 0}, "n", int, where="dflash_config.selector_top_k")
+        if bool(selector_rank) != bool(selector_top_k) or min(selector_rank, selector_top_k) < 0:
+            raise DrafterConfigError(
+                f"dflash_config.selector_rank {selector_rank} and selector_top_k {selector_top_k}: a candidate "
+                "selector needs both, positive"
+            )
+        dflash2 = any(a in DFLASH2_ARCHITECTURES for a in archs)
+        if dflash2 != bool(selector_rank):
+            raise DrafterConfigError(
+                f"architectures {list(archs)} with dflash_config.selector_rank {selector_rank}: a DFlash2 drafter "
+                f"({' / '.join(DFLASH2_ARCHITECTURES)}) has a candidate selector (selector_rank and selector_top_k), "
+                "a DFlashDraftModel none"
             )
         layer_types = d.get("layer_types")
         if layer_types is not None and any(t != "full_attention" for t in layer_types):
@@ -251,6 +272,8 @@ class DFlashConfig:
             attention_bias=_get(d, "attention_bias", bool, False),
             mask_token=str(dc.get("mask_token", d.get("mask_token", DEFAULT_MASK_TOKEN))),
             architectures=archs,
+            selector_rank=selector_rank,
+            selector_top_k=selector_top_k,
             extra={k: v for k, v in d.items() if k not in known},
         )
         if cfg.num_attention_heads % cfg.num_key_value_heads:
@@ -299,6 +322,8 @@ class DFlashConfig:
             dc["target_layer_ids"] = list(self.target_layer_ids)
         if self.mask_token != DEFAULT_MASK_TOKEN:
             dc["mask_token"] = self.mask_token
+        if self.selector_rank:
+            dc.update(selector_rank=self.selector_rank, selector_top_k=self.selector_top_k)
         d["dflash_config"] = dc
         return d
 
@@ -313,6 +338,12 @@ class DFlashConfig:
         if layers is None:
             raise DrafterConfigError("dflash_config.target_layer_ids is absent and no target layer count is known")
         return build_target_layer_ids(layers, self.num_hidden_layers)
+
+    @property
+    def has_selector(self) -> bool:
+        """DFlash2: drafts are a walk over each position's top ``selector_top_k`` candidates, scored by a candidate
+        selector (unary logits plus a rank-``selector_rank`` score of each edge between consecutive positions)."""
+        return self.selector_rank > 0
 
     @property
     def num_context_features(self) -> int:
@@ -573,8 +604,8 @@ def check_norm_output_meaning(architecture: str, d: Mapping) -> None:
             "serve: train it again without norm_output (SpecForge's default norms before the head)"
         )
     raise DrafterConfigError(
-        f"norm_output is ambiguous in an EAGLE3 drafter config: SGLang reads it as \"the next draft step reads the "
-        "normed output\" (EAGLE3.1), SpecForge's trainer as \"norm before the LM head\" (it always feeds the pre-norm "
+        f'norm_output is ambiguous in an EAGLE3 drafter config: SGLang reads it as "the next draft step reads the '
+        'normed output" (EAGLE3.1), SpecForge\'s trainer as "norm before the LM head" (it always feeds the pre-norm '
         f"output back), and the drafter would silently draft worse than it was trained to. If SpecForge trained it, "
         f"{specforge}. If it was trained to feed its normed output back, add "
         f'"{NORM_OUTPUT_MEANING_KEY}": "{SGLANG_NORM_OUTPUT}" to config.json'

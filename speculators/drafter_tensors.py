@@ -30,6 +30,10 @@ class DrafterCheckpointError(ValueError):
     """A drafter checkpoint whose tensors are not the ones its ``config.json`` calls for."""
 
 
+SELECTOR_PREFIX = "candidate_selector."  # a DFlash2 drafter's selector tensors (SGLang's CandidateSelector)
+SELECTOR_TENSORS = ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")
+
+
 def _dflash_names(config: DFlashConfig) -> list[str]:
     per_layer = [
         "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -39,6 +43,8 @@ def _dflash_names(config: DFlashConfig) -> list[str]:
     if config.attention_bias:
         per_layer += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
     names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in per_layer]
+    if config.has_selector:  # DFlash2's candidate selector
+        names += [SELECTOR_PREFIX + n for n in SELECTOR_TENSORS]
     return sorted(names + ["fc.weight", "hidden_norm.weight", "norm.weight"])
 
 

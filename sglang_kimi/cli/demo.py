@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_kimi.assets import ASSETS_DIR, DEMO_QUESTIONS
+from sglang_kimi.assets import ASSETS_DIR, DEMO_QUESTIONS, TINY_DFLASH2
 from sglang_kimi.launcher.server import (
     ANY_PORT,
     TINY_DFLASH,
@@ -41,6 +41,9 @@ def mode_args(assets: Path = ASSETS_DIR) -> dict[str, list[str]]:
         "autoregressive": [],
         "dflash-chain": dflash,
         "dflash-tree": dflash + ["--speculative-dflash-tree-budget", "16"],
+        # DFlash2 (a candidate selector over the block), adaptive widths over its chains
+        "dflash2-adaptive": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                             str(assets / TINY_DFLASH2.name), "--speculative-kimi-adaptive"],
         "eagle3-tree": [
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(assets / TINY_EAGLE3.name),
             "--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12",

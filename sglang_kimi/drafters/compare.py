@@ -112,9 +112,28 @@ def serve_and_trace(target: str, drafter: str, budget: int, prompt_sets: dict[st
     return {name: read_trace(trace, ids) for name, ids in rids.items()}
 
 
+def refuse_chain_only(name: str, path: str) -> None:
+    """A DFlash2 drafter is served as chains only (its selector's scores are conditional on the previous draft):
+    the comparison, which measures DDTree budgets, cannot serve it."""
+    from sglang_kimi.speculators.configs import DFlashConfig, DrafterConfigError
+
+    try:
+        config = DFlashConfig.from_pretrained(path)
+    except (DrafterConfigError, OSError, ValueError):
+        return  # the server's start-up names what is wrong with it
+    if config.has_selector:
+        raise CompareError(
+            f"--drafter {name}={path} is a DFlash2 drafter ({', '.join(config.architectures)}), served as chains "
+            "only: the comparison measures DDTree budgets. Compare its chains with `sglang-kimi bench` against a "
+            "server started with --speculative-kimi-adaptive"
+        )
+
+
 def compare(target: str, drafters: dict[str, str], prompt_sets: dict[str, list[str]], *, budget: int = 16,
             max_tokens: int = 128, concurrency: int = 4, server_args: list[str] = (),
             step_costs: dict[int, dict[int, float]] | None = None, log_dir: Path | None = None) -> dict:  # fmt: skip
+    for name, path in drafters.items():
+        refuse_chain_only(name, path)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="drafter-compare-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     results = {}

@@ -56,8 +56,9 @@ class StepClock:
     worker step's draft came from (:meth:`drafted`)."""
 
     # a draft step's source: the drafter graph's captured tail (the tree), SGLang's in-graph argmax (adaptive chains),
-    # the draft side run eagerly after the drafter's forward, or SGLang's own chain step (adaptive at the full chain)
-    DRAFT_SOURCES = ("captured_tail", "captured_argmax", "eager", "sglang_chain_step")
+    # the draft side run eagerly after the drafter's forward, a DFlash2 drafter's selector walked eagerly (adaptive
+    # chains), or SGLang's own chain step (adaptive at the full chain)
+    DRAFT_SOURCES = ("captured_tail", "captured_argmax", "eager", "selector_walk", "sglang_chain_step")
 
     def __init__(self) -> None:
         self.steps = 0

@@ -540,6 +540,19 @@ def _check_accept_thresholds(cfg, algorithm: str, args) -> None:
     )
 
 
+def _check_tree_drafter(drafter) -> None:
+    """DFLASH draft trees need per-position probabilities to rank; a DFlash2 drafter's selector scores each draft
+    token given the one before it, which a DDTree does not rank (its chains are served, adaptive ones too)."""
+    if drafter is not None and getattr(drafter, "has_selector", False):
+        raise SpeculativeConfigError(
+            f"{TREE_BUDGET_FLAG}: a DFlash2 drafter ({', '.join(drafter.architectures)}, candidate selector of rank "
+            f"{drafter.selector_rank} over the top {drafter.selector_top_k}) is not served as a DDTree: its selector "
+            "scores each draft token given the draft before it (an edge between consecutive positions' candidates), "
+            "and a DDTree ranks each position's tokens on their own. Drop the flag for SGLang's DFlash2 chains, or "
+            f"replace it with {ADAPTIVE_FLAG} for adaptive widths over them"
+        )
+
+
 def _resolve_speculative(original, server_args):
     """Around SGLang's ``handle_speculative_decoding``: the plugin's checks before, tree resolution after."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
@@ -579,6 +592,8 @@ def _resolve_speculative(original, server_args):
     if algorithm in ("DFLASH", "EAGLE3"):
         drafter_checks.check_draft_path(cfg.speculative_draft_model_path, algorithm)
         drafter = drafter_checks.check_pair(cfg, algorithm)
+    if algorithm == "DFLASH" and args.dflash_tree_budget is not None:
+        _check_tree_drafter(drafter)
     if algorithm in drafter_checks.OTHER_DRAFTING_ALGORITHMS:
         drafter_checks.check_other_drafter(cfg, algorithm)
     if algorithm == "NGRAM" and cfg.speculative_draft_model_path:

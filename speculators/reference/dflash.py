@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..configs import DFlashConfig
-from ..drafter_tensors import name_problems
+from ..drafter_tensors import SELECTOR_PREFIX, name_problems
 from . import checkpoint
 from .layers import GatedMLP, RMSNorm, masked_attention, rope_for
 from .loop import DraftContext
@@ -265,12 +265,13 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
-        """Load ``config.json`` + ``model.safetensors`` (the z-lab layout; ``model.`` prefixes accepted)."""
+        """Load ``config.json`` + ``model.safetensors`` (the z-lab layout; ``model.`` prefixes accepted). A DFlash2
+        checkpoint loads its DFlash part: its candidate selector is SGLang's (``scripts/train_dflash2_selector.py``)."""
         path = Path(path)
         model = cls(DFlashConfig.from_pretrained(path))
         sd = checkpoint.load_tensors(path)
         checkpoint.check_names(path, *name_problems(model.config, sd))
-        model.load_state_dict(sd)
+        model.load_state_dict({k: v for k, v in sd.items() if not k.startswith(SELECTOR_PREFIX)})
         return model.to(dtype).eval()
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -2,9 +2,9 @@
 does not.
 
 The policy is forced to switch often (one step in two explores another width, no hysteresis), so a request runs
-many widths, 0 (no draft) included. DFLASH chains (the plugin's worker) and EAGLE3 chains (SGLang's adaptive runtime
-with the plugin's policy) here, DFLASH trees in ``test_parallel.py`` (adaptive at TP 2: greedy equal to TP 1,
-sampled tokens exact samples of the target):
+many widths, 0 (no draft) included. DFLASH chains (the plugin's worker; DFlash2's too, whose narrower steps walk its
+candidate selector) and EAGLE3 chains (SGLang's adaptive runtime with the plugin's policy) here, DFLASH trees in
+``test_parallel.py`` (adaptive at TP 2: greedy equal to TP 1, sampled tokens exact samples of the target):
 - greedy: every token equals the non-speculative server's at concurrency 1 and 8, and the log-probabilities the
   server reports for them (from verify windows of changing widths) equal transformers';
 - sampled (temperature 1, top-p 0.9): every token is an exact sample of the target (the PIT test of
@@ -26,7 +26,7 @@ import requests
 from support.servers import server_config
 from support.spec_e2e import KIMI_CPU, TINY, check_greedy_parity, greedy_reference, gsm8k_prompts, sampled_pit_pvalue
 
-from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3
+from sglang_kimi.assets import TINY_DFLASH, TINY_DFLASH2, TINY_EAGLE3
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +37,8 @@ FORCED_SWITCHING = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, 
                     "initial_width": 1}  # fmt: skip
 SPECULATORS = {
     "dflash-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH)],
+    # DFlash2: narrower steps walk the selector's lattice here, the block-wide one is SGLang's DFlash2 chain step
+    "dflash2-chain": ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(TINY_DFLASH2)],
     "eagle3-chain": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(TINY_EAGLE3),
                      "--speculative-num-steps", "4"],
 }  # fmt: skip
@@ -96,6 +98,10 @@ def test_greedy_output_is_unchanged_while_the_width_switches(adaptive_server, pr
     assert len(ran) >= 3 and 0 in ran, f"the forced policy ran too few widths: {ran}"
     if state["mode"] == "DFLASH chain":  # the block's full chain: SGLang's own chain step
         assert max(state["widths"]) in ran, f"the block-wide chain never ran: {ran}"
+    info = requests.get(url + "/server_info", timeout=60).json()
+    if info["speculative_draft_model_path"] == str(TINY_DFLASH2):  # narrower DFlash2 chains walk its selector
+        sources = info["internal_states"][0]["sglang_kimi"]["spec_metrics"]["draft_steps_by_source"]
+        assert sources["selector_walk"] > 0 and sources["eager"] == 0, sources
     switches = sum(b["switches"] for b in state["buckets"].values())
     assert switches >= 2
     log = adaptive_server.log_path.read_text()

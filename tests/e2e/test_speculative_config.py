@@ -13,7 +13,7 @@ from support import scale_out
 from support.drafter_checkpoints import write_dflash, write_eagle3
 from support.resolution import resolve_all
 
-from sglang_kimi.assets import TINY_MODEL
+from sglang_kimi.assets import TINY_DFLASH2, TINY_MODEL
 from sglang_kimi.launcher.server import ANY_PORT, LaunchError, ServerProcess, launch_command
 
 pytestmark = pytest.mark.e2e
@@ -218,6 +218,12 @@ def cases(d):
         (dflash(d["dflash_hidden"]), ["hidden_size", "128", "256"]),
         (dflash(d["dflash_layers"]), ["target_layer_ids", "9"]),
         (dflash(d["dflash"], "--speculative-num-draft-tokens", "12"), ["block_size", "8", "12"]),
+        # a DFlash2 selector scores each draft given the one before it: no DDTree over it
+        (
+            dflash(TINY_DFLASH2, "--speculative-dflash-tree-budget", "8"),
+            ["DFlash2DraftModel", "is not served as a DDTree", "--speculative-kimi-adaptive"],
+        ),
+        (dflash(TINY_DFLASH2, "--speculative-dflash-tree-budget", "8", *adaptive()), ["is not served as a DDTree"]),
         # SGLang's alias for the block, turned into --speculative-num-draft-tokens after the plugin's checks
         (dflash(d["dflash"], "--speculative-dflash-block-size", "12"), ["--speculative-dflash-block-size 8 or less"]),
         (
@@ -519,6 +525,8 @@ def good_settings(drafters) -> list[list[str]]:
          "kimi_cpu"],
         dflash(drafters["dflash"], *adaptive(drafters["adaptive"])),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", *adaptive()),
+        dflash(TINY_DFLASH2),  # DFlash2: SGLang's chains, and the plugin's adaptive widths over them
+        dflash(TINY_DFLASH2, *adaptive()),
         dflash(drafters["dflash"], "--speculative-num-steps", "1", "--speculative-eagle-topk", "1"),  # what SGLang sets
         dflash(drafters["dflash"], *adaptive(None, PROFILE_FLAG, str(drafters["adaptive"].parent / "new" / "p.json"))),
         eagle3(drafters["eagle3"], *adaptive(drafters["adaptive"])),

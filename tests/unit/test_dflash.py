@@ -21,7 +21,12 @@ from support.spec_helpers import single_thread  # noqa: F401 (an autouse fixture
 from support.targets import TinyTarget
 
 from sglang_kimi.assets import TINY_DFLASH
-from sglang_kimi.speculators.configs import DFlashConfig, build_target_layer_ids, yarn_attention_factor
+from sglang_kimi.speculators.configs import (
+    DFlashConfig,
+    DrafterConfigError,
+    build_target_layer_ids,
+    yarn_attention_factor,
+)
 from sglang_kimi.speculators.drafter_tensors import published_weight_names
 from sglang_kimi.speculators.reference.dflash import DFlashDrafter
 from sglang_kimi.speculators.reference.layers import Rope, rope_for
@@ -68,6 +73,32 @@ def test_config_roundtrip_and_defaults():
     d.pop("dflash_config")
     d["dflash_config"] = {"mask_token_id": 5}
     assert DFlashConfig.from_dict(d).block_size == 16  # SGLang's default
+
+
+def test_dflash2_configs_carry_their_candidate_selector():
+    """DFlash2 (SGLang's DFlash2DraftModel and its aliases): the DFlash fields plus dflash_config.selector_rank /
+    selector_top_k, kept on a round trip; its checkpoint names add the selector's three tensors. A selector without
+    both numbers, a DFlash2 architecture without one, and a DFlashDraftModel with one are refused."""
+    d = fixture(ZLAB_DFLASH)
+    d["architectures"] = ["DFlash2DraftModel"]
+    d["dflash_config"].update(selector_rank=64, selector_top_k=8)
+    cfg = DFlashConfig.from_dict(d)
+    assert cfg.has_selector and (cfg.selector_rank, cfg.selector_top_k) == (64, 8)
+    assert DFlashConfig.from_dict(cfg.to_dict()) == cfg
+    assert not DFlashConfig.from_dict(fixture(ZLAB_DFLASH)).has_selector
+    extra = set(published_weight_names(cfg)) - set(published_weight_names(DFlashConfig.from_dict(fixture(ZLAB_DFLASH))))
+    assert extra == {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+                     "candidate_selector.hidden_projection.weight"}  # fmt: skip
+    for arch, selector, words in (
+        ("DFlash2DraftModel", {"selector_rank": 64}, "needs both"),
+        ("DFlash2BeamDraftModel", {}, "has a candidate selector"),
+        ("DFlashDraftModel", {"selector_rank": 64, "selector_top_k": 8}, "a DFlashDraftModel none"),
+    ):
+        bad = fixture(ZLAB_DFLASH)
+        bad["architectures"] = [arch]
+        bad["dflash_config"].update(selector)
+        with pytest.raises(DrafterConfigError, match=words):
+            DFlashConfig.from_dict(bad)
 
 
 @pytest.mark.parametrize("with_mscale", [True, False])

@@ -289,3 +289,14 @@ def test_training_reads_regenerated_conversations_one_sequence_per_assistant_tur
         assert tokenizer.decode(turn) == conversation[k]["content"] + "<|im_end|>"
     short, _ = train_drafters.conversation_sequences(path, tokenizer, max_len=30)
     assert all(len(s["ids"]) <= 30 for s in short) and len(short) >= 1
+
+
+def test_compare_refuses_a_dflash2_drafter_before_serving_anything(tmp_path):
+    """``drafter compare`` measures DDTree budgets, and DFlash2 drafters are served as chains only."""
+    from sglang_kimi.assets import TINY_DFLASH, TINY_DFLASH2
+    from sglang_kimi.drafters.compare import CompareError, compare
+
+    with pytest.raises(CompareError, match="is a DFlash2 drafter .*served as chains only"):
+        compare(str(TINY_MODEL), {"dflash": str(TINY_DFLASH), "dflash2": str(TINY_DFLASH2)}, {"q": ["hi"]},
+                log_dir=tmp_path)  # fmt: skip
+    assert not any(tmp_path.iterdir())  # no server was started

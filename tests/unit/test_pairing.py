@@ -193,8 +193,8 @@ def test_algorithm_swaps():
     assert str(p) == (
         "speculative algorithm: drafter has EAGLE3 (architectures ['LlamaForCausalLMEagle3']), target "
         "has --speculative-algorithm DFLASH. Fix: pass --speculative-algorithm EAGLE3, or point "
-        "--speculative-draft-model-path at a DFLASH drafter (architectures ['DFlashDraftModel'], e.g. "
-        "z-lab/Kimi-K2.5-DFlash)"
+        "--speculative-draft-model-path at a DFLASH drafter (architectures ['DFlashDraftModel', 'DFlash2DraftModel', "
+        "'DFlash2BeamDraftModel', 'MiniMaxDFlash2DraftModel'], e.g. z-lab/Kimi-K2.5-DFlash)"
     )
     p = only_problem(mismatch(kimi(), fixture(ZLAB_DFLASH), expected_algorithm="EAGLE3"))
     assert "drafter has DFLASH (architectures ['DFlashDraftModel'])" in str(p)

@@ -54,7 +54,11 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments, is_dense_head_weight
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+    _selector_lattice,
+)
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
@@ -171,7 +175,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
         self._use_triton_ddtree = torch.device(self.device).type == "cuda"  # CUDA and ROCm builds
         for unsupported, what in (
             (self.use_compact_draft_cache, "--speculative-draft-window-size"),
-            (self.selector is not None, "a DFlash drafter with a candidate selector"),
+            (self.selector is not None and self.tree_budget is not None, "a DFlash2 drafter (candidate selector)"),
             (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
             (self._is_domino, "a Domino DFlash drafter"),
             (_attn_dp_enabled(get_parallel()), "DP attention"),
@@ -181,6 +185,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
         if lm_head is None or not is_dense_head_weight(getattr(lm_head, "weight", None)):
             raise ValueError(f"{mode} need the target's LM head as a dense (unquantized) weight")
+        if self.selector is not None:  # DFlash2 chains: its candidates come from the target's head
+            self.draft_model.lm_head = lm_head
         logger.info(
             "%s: up to %d %s, draft block %d, verify window up to %d",
             mode,
@@ -577,8 +583,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             draft = chain_window(root, drafts, prefix_lens, width + 1)
             step_clock.drafted("captured_argmax")
             if check_replays():
-                ranked = self._ranked_draft_logprobs(draft_hidden[:, 1 : width + 1], 1)[1]  # [bs, w, 1]
-                same_draft(draft, chain_window(root, ranked[:, :, 0], prefix_lens, width + 1))
+                same_draft(draft, chain_window(root, self._chain_drafts(draft_hidden, root, width), prefix_lens,
+                                               width + 1))  # fmt: skip
             return draft
         if replayed and self._tail is not None and width == self._tail.width:
             draft = self._tail.result(len(root))  # the graph's tail ranked and built it
@@ -589,6 +595,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
             draft_health.add(nonfinite)
             return tree, positions, ancestor
         phases.enter("draft_rank")
+        if self.selector is not None:  # DFlash2 (chains only): the selector's walk over the first w positions
+            step_clock.drafted("selector_walk")
+            return chain_window(root, self._chain_drafts(draft_hidden, root, width), prefix_lens, width + 1)
         step_clock.drafted("eager")
         hidden = draft_hidden[:, 1 : min(width, self.block_size - 1) + 1]  # [bs, D, H]: the draft positions
         ranked_lp, ranked_ids = self._ranked_draft_logprobs(hidden, width if is_tree else 1)  # [bs, D, K]
@@ -598,6 +607,26 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
         draft_health.add(nonfinite)  # NaN / +inf drafts: ranked last, counted on the device, logged once
         return tree, positions, ancestor
+
+    def _chain_drafts(self, draft_hidden: torch.Tensor, root: torch.Tensor, width: int) -> torch.Tensor:
+        """The first ``width`` drafts of the block's chain [bs, w], greedy: each position's argmax under the
+        target's LM head, or a DFlash2 drafter's selector walk (SGLang's lattice and walk; the walk is sequential,
+        so its first w steps are the block-wide walk's, the chain SGLang's DFlash2 step drafts for greedy requests).
+        Any draft verifies losslessly: sampled requests are verified against the target alone."""
+        hidden = draft_hidden[:, 1 : width + 1]  # [bs, w, H]: the draft positions
+        if self.selector is None:
+            return self._ranked_draft_logprobs(hidden, 1)[1][:, :, 0]
+        bs = hidden.shape[0]
+        with torch.inference_mode(), _draft_tp_scope(self):
+            candidate_ids, scores = _selector_lattice(self.draft_model, hidden, root)  # [bs, w, K], [bs, w, K, K]
+            tokens, _ = self.selector.sample_path(
+                candidate_ids=candidate_ids,
+                scores=scores,
+                uniforms=torch.zeros(bs, width, dtype=torch.float32, device=hidden.device),
+                temperatures=torch.ones(bs, dtype=torch.float32, device=hidden.device),
+                greedy_mask=torch.ones(bs, dtype=torch.bool, device=hidden.device),
+            )
+        return tokens.view(bs, width)
 
     def _plan(self, batch, seq_lens_cpu, slots: torch.Tensor):
         """The KV plan of a forward writing ``slots`` [bs, n] from the committed prefix on."""
@@ -644,6 +673,9 @@ class DFlashTreeWorker(DFlashWorkerV2):
             global_num_token_non_padded_cpu=bs * block,
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
+        stage = getattr(self._draft_sampler, "stage_sampling_params", None)
+        if stage is not None:  # DFlash2's walk in SGLang's drafter graph: greedy, as _chain_drafts walks it
+            stage(bs=bs, sampling_info=None)
         # The block's scratch KV goes to the first B slots of the window; the verify rewrites them.
         kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
         with torch.inference_mode(), _draft_tp_scope(self):
