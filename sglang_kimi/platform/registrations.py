@@ -152,6 +152,14 @@ ENTRIES: tuple[Entry, ...] = (
         when=CPU_ONLY,
     ),
     Entry(
+        "cpu-dflash2-sampling",
+        "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.__init__",
+        f"{_CPU}.cpu_path_fixes:install_dflash2_cpu_sampling",
+        "upstream gap: a DFlash2 drafter's sampled verify is a Triton kernel (no CPU driver: the server ended); on CPU "
+        "its walk is greedy and the plugin verifies sampled requests",
+        when=CPU_ONLY,
+    ),
+    Entry(
         "cpu-future-map-record-stream",
         "sglang.srt.managers.overlap_utils.FutureMap._resolve_spec_extras",
         f"{_CPU}.cpu_path_fixes:install_dflash_record_stream_guard",

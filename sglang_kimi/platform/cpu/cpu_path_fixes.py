@@ -268,6 +268,27 @@ def install_dflash_draft_torch_rope(target: str):
     hook(target, _dflash_attention_without_triton_rope, "AFTER")
 
 
+def _dflash2_walks_greedily_on_cpu(result, self, *args, **kwargs):
+    import torch
+
+    if getattr(self, "selector", None) is not None and torch.device(self.device).type == "cpu":
+        self._selector_sampling_enabled = False  # what SGLang sets on NPU, whose verify is greedy-only
+        # its warning then says sampled requests fall back to greedy verification, which is not so here: they reach
+        # the DFLASH chain's sampled verify (is_dflash_sampling_verify_available, true where the plugin verifies)
+        self._warned_sampling_fallback = True
+
+
+def install_dflash2_cpu_sampling(target: str):
+    """A DFlash2 drafter's sampled requests: SGLang samples the selector's walk and verifies it against the walk's
+    probabilities with DSpark's accept, a Triton kernel; on CPU Triton has no driver, so the first block-wide step
+    of a sampled request ended the server. On CPU the walk is greedy for every request (SGLang's switch for it), and
+    sampled requests take the DFLASH chain's sampled verify, which the plugin runs losslessly there
+    (``speculative/workers/dflash_sampling.py``)."""
+    from sglang_kimi.hooks import hook
+
+    hook(target, _dflash2_walks_greedily_on_cpu, "AFTER")
+
+
 def _send_kv_chunk_with_host_indices(original, self, req, *args, **kwargs):
     sender = getattr(req, "disagg_kv_sender", None)
     if getattr(sender, "supports_host_tensor_indices", False):
