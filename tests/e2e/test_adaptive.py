@@ -125,6 +125,14 @@ def test_greedy_output_is_unchanged_while_the_width_switches(adaptive_server, pr
 TOP_P = 0.9
 SAMPLED_REQUESTS = 80
 SAMPLED_TOKENS = 4
+SAMPLED_CHAIN = {"max_new_tokens": 24, "temperature": 1.0, "top_p": TOP_P}
+
+
+def widths_run_since(before: dict, url: str) -> dict[int, int]:
+    """{width: decode steps run at it since ``before``}, the widths that ran."""
+    after = adaptive_state(url)["steps_by_width"]
+    ran = {int(w): n - before["steps_by_width"].get(w, 0) for w, n in after.items()}
+    return {w: n for w, n in ran.items() if n}
 
 
 def test_sampling_follows_the_target_distribution_while_the_width_switches(adaptive_server, prompts):
@@ -136,9 +144,14 @@ def test_sampling_follows_the_target_distribution_while_the_width_switches(adapt
     assert outside <= max(1, SAMPLED_REQUESTS * SAMPLED_TOKENS // 100), f"{outside} tokens outside the support"
     assert pvalue > 1e-3, f"sampled tokens do not follow the target distribution (p = {pvalue:.3g})"
     assert greedy_pvalue < 1e-6
-    after = adaptive_state(adaptive_server.base_url)
-    ran = {int(w): n - before["steps_by_width"].get(w, 0) for w, n in after["steps_by_width"].items()}
-    ran = {w: n for w, n in ran.items() if n}
+    ran = widths_run_since(before, adaptive_server.base_url)
     assert len(ran) >= 3, ran
-    if after["mode"] == "DFLASH chain":  # sampled requests through SGLang's own chain step too (DFlash2: its walk)
-        assert max(after["widths"]) in ran, f"the block-wide chain never ran a sampled request: {ran}"
+    if before["mode"] == "DFLASH chain":  # sampled requests through SGLang's own chain step too (DFlash2: its walk)
+        widest, body = max(before["widths"]), {"text": prompts[1], "sampling_params": SAMPLED_CHAIN}
+        for _ in range(12):  # the forced policy picks widths at random: sampled steps until the widest has run
+            if widest in ran:
+                break
+            response = requests.post(adaptive_server.base_url + "/generate", json=body, timeout=600)
+            assert response.status_code == 200, response.text[:300]
+            ran = widths_run_since(before, adaptive_server.base_url)
+        assert widest in ran, f"the block-wide chain never ran a sampled request: {ran}"
