@@ -61,14 +61,16 @@ def regenerate_rows(work: Path, rows: int, max_tokens: int) -> tuple[Path, float
     return out, time.time() - start
 
 
-def train(work: Path, data: Path, minutes: float) -> tuple[Path, dict]:
+def train(work: Path, data: Path, minutes: float, timeout: float | None = None) -> tuple[Path, dict]:
+    """The mismatched drafter fine-tuned on ``data`` by ``scripts/train_drafters.py``: (its SpecForge checkpoint
+    folder, the training report)."""
     checkpoint = work / "specforge-checkpoint"
     report = work / "training.json"
     command = [sys.executable, str(REPO / "scripts" / "train_drafters.py"), "--only", "dflash", "--data", str(data),
                "--init-from", str(TINY_K25_DFLASH), "--minutes", str(minutes), "--out-dir", str(work),
                "--dflash-name", "published", "--specforge-checkpoint", str(checkpoint), "--tau-prompts", "0",
                "--report", str(report)]  # fmt: skip
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, timeout=timeout)
     return checkpoint, json.loads(report.read_text())
 
 

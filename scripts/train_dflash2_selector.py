@@ -61,12 +61,10 @@ def selector_loss(selector, logits, hidden, blocks, top_k: int, decay):
     ce = F.cross_entropy(rows.flatten(0, 1), index.flatten(), reduction="none").view(b, d)
     w = decay[None, :] * valid
     loss = (ce * w).sum() / w.sum().clamp(min=1)
-    with torch.no_grad():
-        greedy = scores[:, 0, 0].argmax(-1)  # the walk: SGLang's greedy path
-        walk = [greedy]
-        for e in range(1, d):
-            walk.append(scores[:, e].gather(1, walk[-1][:, None, None].expand(-1, 1, top_k))[:, 0].argmax(-1))
-        tokens = ids.gather(2, torch.stack(walk, 1)[:, :, None])[:, :, 0]
+    with torch.no_grad():  # the chain SGLang serves: the selector's greedy walk
+        greedy = torch.ones(b, dtype=torch.bool)
+        tokens, _ = selector.sample_path(candidate_ids=ids, scores=scores, uniforms=torch.zeros(b, d),
+                                         temperatures=torch.ones(b), greedy_mask=greedy)  # fmt: skip
         run = torch.cumprod(((tokens == labels) & ok).float(), dim=1).sum(1)
         argmax_run = torch.cumprod(((ids[:, :, 0] == labels) & ok).float(), dim=1).sum(1)
         real = blocks.anchor_ok.reshape(b)
@@ -80,6 +78,7 @@ def save(backbone_dir: Path, selector, args, out: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from sglang_kimi.speculators.configs import DFlashConfig
+    from sglang_kimi.speculators.drafter_tensors import SELECTOR_PREFIX
 
     out.mkdir(parents=True, exist_ok=True)
     config = DFlashConfig.from_pretrained(backbone_dir).to_dict()
@@ -88,7 +87,7 @@ def save(backbone_dir: Path, selector, args, out: Path) -> None:
     DFlashConfig.from_dict(config)  # the plugin reads it back
     tensors = load_file(backbone_dir / "model.safetensors")
     for name, value in selector.state_dict().items():
-        tensors[f"candidate_selector.{name}"] = value.detach().to(torch.bfloat16).contiguous()
+        tensors[SELECTOR_PREFIX + name] = value.detach().to(torch.bfloat16).contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 

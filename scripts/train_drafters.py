@@ -126,7 +126,6 @@ def write_specforge_checkpoint(model: dflash.DFlashDrafter, folder: Path, target
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     torch.save({"draft_state_dict": state, "strategy": "dflash"}, folder / "training_state.pt")
     config = {**model.config.to_dict(), "target_model_name_or_path": target_name}
-    config.setdefault("architectures", ["DFlashDraftModel"])
     (folder / "draft_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder
 

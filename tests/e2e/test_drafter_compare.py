@@ -2,9 +2,9 @@
 
 1. ``sglang-kimi drafter regenerate``: GSM8K *train* questions answered by the served tiny target (the session's
    autoregressive server), written as SpecForge's conversation rows.
-2. ``scripts/train_drafters.py --data``: the mismatched DFlash drafter (trained for another checkpoint of the
-   target, as a Kimi-K2.5 drafter is for Kimi-K2.6) fine-tuned for a minute on those rows, written as SpecForge's
-   training checkpoint.
+2. ``scripts/train_drafters.py --data`` (run by ``bench/bench_matched_drafter.py``'s ``train``): the mismatched
+   DFlash drafter (trained for another checkpoint of the target, as a Kimi-K2.5 drafter is for Kimi-K2.6)
+   fine-tuned for a minute on those rows, written as SpecForge's training checkpoint.
 3. SpecForge's own ``export --to hf`` (``support.specforge``) reads that checkpoint back and writes the served folder.
 4. ``drafter compare``: the shipped matched drafter, the mismatched one and the trained one, each served as a tree
    on the same prompts (the embedded GSM8K questions and a chat set); tau by tree budget, acceptance by depth and
@@ -16,12 +16,11 @@ the served target's answers, at every budget above 0 and at the first draft."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from support import specforge
-from support.paths import BENCH, REPO, SCRIPTS
+from support.paths import BENCH, REPO
+from support.repo_scripts import load_script
 from support.spec_e2e import TINY
 
 from sglang_kimi.assets import DEMO_QUESTIONS, TINY_DFLASH, TINY_K25_DFLASH, TINY_MODEL
@@ -40,15 +39,7 @@ def trained_drafter(tiny_server, tmp_path_factory):
     assert cli.main(["drafter", "regenerate", "--input", str(REPO / "data" / "gsm8k" / "train.jsonl"), "--limit",
                      "128", "--output", str(rows), "--base-url", tiny_server.base_url, "--temperature", "0",
                      "--max-tokens", "96", "--concurrency", "8"]) == 0  # fmt: skip
-    checkpoint = root / "specforge-checkpoint"
-    train = subprocess.run(
-        [sys.executable, str(SCRIPTS / "train_drafters.py"), "--only", "dflash", "--data", str(rows), "--init-from",
-         str(TINY_K25_DFLASH), "--minutes", "1", "--out-dir", str(root), "--dflash-name", "published",
-         "--specforge-checkpoint", str(checkpoint), "--tau-prompts", "0", "--report", str(root / "report.json")],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    report = json.loads((root / "report.json").read_text())
+    checkpoint, report = load_script("bench/bench_matched_drafter.py").train(root, rows, 1, timeout=900)
     assert report["num_sequences"] == 128 and report["dflash"]["sglang_loader_check_ok"], report
     config = json.loads((checkpoint / "draft_config.json").read_text())
     assert config["target_model_name_or_path"] == str(TINY_MODEL) and "target_model" not in config
