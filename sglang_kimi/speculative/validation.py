@@ -318,12 +318,32 @@ def _attention_dp_size(cfg) -> int:
     return width
 
 
+def _check_tree_dp_attention(cfg, flag_name: str, attn_dp: int) -> None:
+    """DP attention (``attn_dp`` groups): static DFLASH trees are served with it, as SGLang serves its DFLASH chains:
+    each group drafts, ranks and verifies its own requests, an idle group joins the collectives with an empty
+    verify. Adaptive widths are not: each group would choose its own width, and SGLang sizes every group's share of
+    the DP gather with this group's one verify window."""
+    where = f"DP attention (here over {attn_dp} groups: --attn-dp-size, or --dp-size with --enable-dp-attention)"
+    if flag_name == ADAPTIVE_FLAG:
+        raise SpeculativeConfigError(
+            f"{flag_name} is not served with {where}: each attention group would choose its own width, but SGLang "
+            "gives every group's share of the DP gather one verify window. Drop the flag for a fixed width "
+            f"({TREE_BUDGET_FLAG} N serves DP attention), or drop DP attention"
+        )
+    if not getattr(cfg, "enable_dp_lm_head", False):
+        raise SpeculativeConfigError(
+            f"{flag_name} with {where} ranks each group's drafts with the target's LM head inside the group, which "
+            "needs the head split over the attention group: add --enable-dp-lm-head"
+        )
+
+
 def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]) -> None:
     """What the plugin's DFLASH tree worker needs, for draft trees and for adaptive widths (every width is verified
     as a tree): tree masks in the attention backends (``backends``: those of a static tree, or of a width that
     changes each step), page size 1, SGLang's KVLocPlan, the drafter's full KV cache (not SGLang's compact sliding
-    window) and no DP attention. The worker checks the backend SGLang chose, the last two again, after the weights
-    load (``workers/tree_attention.py``); here they are refused before."""
+    window) and, under DP attention, a fixed width and a split LM head. The worker checks the backend SGLang chose,
+    and the window and DP attention again, after the weights load (``workers/tree_attention.py``); here they are
+    refused before."""
     window = getattr(cfg, "speculative_draft_window_size", None)  # SGLang 0.5.22+
     if window is not None:
         raise SpeculativeConfigError(
@@ -333,15 +353,7 @@ def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]
         )
     attn_dp = _attention_dp_size(cfg)
     if attn_dp > 1:
-        if getattr(cfg, "device", None) == "cpu":  # SGLang's own DFLASH chains refuse it there
-            fix = ("drop DP attention: on CPU SGLang serves DFLASH with DP attention in no mode (its chains need CUDA "
-                   "or NPU); EAGLE3 trees serve it")  # fmt: skip
-        else:
-            fix = f"drop DP attention (EAGLE3 trees serve it), or {drop} (SGLang's DFLASH chains serve DP attention)"
-        raise SpeculativeConfigError(
-            f"{flag_name} is not served with DP attention (here over {attn_dp} groups: --attn-dp-size, or "
-            f"--dp-size with --enable-dp-attention; the DFLASH tree worker has no DP-attention path): {fix}"
-        )
+        _check_tree_dp_attention(cfg, flag_name, attn_dp)
     for flag, backend in _backends(cfg):
         if backend is not None and backend not in backends:
             why = (

@@ -1,9 +1,10 @@
 """Tensor, data and pipeline parallelism 2 on CPU: the launcher gives each of the dp x tp x pp ranks its own group
 of cores (``SGLANG_CPU_OMP_THREADS_BIND``) and every rank's scheduler process runs on its group alone, and
 the greedy output of autoregressive decoding, DFLASH trees (the worker's cross-rank top-K merge) and EAGLE3 trees at
-TP 2 equals TP 1's, EAGLE3 trees' also with attention data parallelism (``--dp-size 2 --enable-dp-attention``:
-SGLang pads each rank's verify batch to the ranks' common size; on CPU SGLang refuses DFLASH with it); sampled
-DFLASH trees at TP 2 follow the target distribution.
+TP 2 equals TP 1's, EAGLE3 and DFLASH trees' also with attention data parallelism (``--dp-size 2
+--enable-dp-attention``: SGLang pads each rank's verify batch to the ranks' common size; a group without requests
+runs an empty verify; on CPU SGLang refuses its own DFLASH chains with it); sampled DFLASH trees at TP 2 follow the
+target distribution.
 
 The DFLASH tree server is adaptive (``--speculative-kimi-adaptive``, tree budgets 0..16) with a policy forced to
 switch widths every other step: both ranks must run rank 0's width at every step (their timings differ), and the
@@ -45,6 +46,10 @@ CONFIGS = {
     "eagle3-tree": EAGLE3_TREE,
     # attention data parallelism: two attention groups inside the TP group, batches padded to a common size
     "eagle3-tree-dp-attention": EAGLE3_TREE + ["--dp-size", "2", "--enable-dp-attention"],
+    # the tree worker's DP-attention path: each group drafts, ranks (the head split over the group) and verifies its
+    # own requests; a group with none joins the collectives with an empty verify of the tree's window
+    "dflash-tree-dp-attention": DFLASH + ["--speculative-dflash-tree-budget", "8", "--dp-size", "2",
+                                          "--enable-dp-attention", "--enable-dp-lm-head"],
 }  # fmt: skip
 
 
@@ -88,9 +93,14 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
     outputs = [o["output_ids"] for o in generate_all(tp2_server.base_url, prompts, concurrency, max_new_tokens=TOKENS)]
     for i, (got, ref) in enumerate(zip(outputs, expected)):
         assert got == ref, f"{tp2_server.config} at TP 2: prompt {i} differs from TP 1"
+    if "dp-attention" in tp2_server.config:  # one request: the other attention group idles through every step
+        (alone,) = generate_all(tp2_server.base_url, prompts[:1], 1, max_new_tokens=TOKENS)
+        assert alone["output_ids"] == expected[0], f"{tp2_server.config}: prompt 0 alone differs from TP 1"
     state = fetch_plugin_state(tp2_server.base_url)
     assert state["failed"] == [], state
     check_ranks_on_their_own_cores(tp2_server)
+    if tp2_server.config == "dflash-tree-dp-attention":
+        check_dflash_tree_dp_attention(tp2_server, state, prompts[0])
     if tp2_server.config == "dflash-tree-adaptive":
         metrics = state["spec_metrics"]
         ran = {w: n for w, n in state["adaptive"]["steps_by_width"].items() if n}
@@ -100,6 +110,18 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
         pvalue, greedy_pvalue, outside = sampled_pit_pvalue(tp2_server.base_url, prompts[0], 80, 4, 0.9)
         print(f"sampled DFLASH tree at TP 2: PIT chi-square p-value {pvalue:.3g} (argmax tokens: {greedy_pvalue:.3g})")
         assert outside <= 3 and pvalue > 1e-3 and greedy_pvalue < 1e-6
+
+
+def check_dflash_tree_dp_attention(server, state, prompt) -> None:
+    """Both groups' tree steps are counted, and sampled requests are drawn from the target's top-p support, not
+    its argmax. (No uniformity test of the draws: SGLang seeds every rank alike, so under DP attention the two
+    groups draw the same random streams, and requests on different groups repeat each other's samples, its
+    autoregressive decoding too.)"""
+    metrics = state["spec_metrics"]
+    print(f"DFLASH tree under DP attention: tau {metrics['tau']:.2f} over {metrics['steps']} steps")
+    assert metrics["tau"] > 1.5, "the group's drafts should be accepted"
+    _, greedy_pvalue, outside = sampled_pit_pvalue(server.base_url, prompt, 40, 4, 0.9)
+    assert outside <= 3 and greedy_pvalue < 1e-6, (outside, greedy_pvalue)  # the boundary of top-p in float32
 
 
 def check_ranks_on_their_own_cores(*servers, ranks: int = 2) -> None:

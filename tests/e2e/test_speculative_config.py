@@ -367,7 +367,8 @@ def cases(d):
         ),
         (eagle3(d["eagle3"], "--speculative-dflash-tree-budget", "8"), ["is for DFLASH draft trees"]),
         # DP attention in both spellings, which SGLang resolves into --attn-dp-size before these checks (the plugin's
-        # refusal never fired, and SGLang's own came instead, on a GPU only after the weights loaded)
+        # refusal never fired, and SGLang's own came instead, on a GPU only after the weights loaded): trees rank
+        # with the head split over the attention group; adaptive widths would differ between the groups
         (
             dflash(
                 d["dflash"],
@@ -379,11 +380,31 @@ def cases(d):
                 "2",
                 "--enable-dp-attention",
             ),
-            ["--speculative-dflash-tree-budget is not served with DP attention (here over 2 groups"],
-        ),  # fmt: skip
+            ["--speculative-dflash-tree-budget with DP attention (here over 2 groups", "add --enable-dp-lm-head"],
+        ),
         (
-            dflash(d["dflash"], *adaptive(), "--tp", "2", "--attn-dp-size", "2"),
-            ["--speculative-kimi-adaptive is not served with DP attention", "EAGLE3 trees serve it"],
+            dflash(d["dflash"], *adaptive(), "--tp", "2", "--attn-dp-size", "2", "--enable-dp-lm-head"),
+            ["--speculative-kimi-adaptive is not served with DP attention", "--speculative-dflash-tree-budget N"],
+        ),
+        (
+            dflash(
+                d["dflash"],
+                "--speculative-dflash-tree-budget",
+                "8",
+                *adaptive(),
+                "--tp",
+                "2",
+                "--dp-size",
+                "2",
+                "--enable-dp-attention",
+                "--enable-dp-lm-head",
+            ),
+            ["--speculative-kimi-adaptive is not served with DP attention (here over 2 groups"],
+        ),
+        # SGLang's own DFLASH chain: on CPU SGLang refuses it DP attention (its refusal, passed on)
+        (
+            dflash(d["dflash"], "--tp", "2", "--attn-dp-size", "2", "--enable-dp-lm-head"),
+            ["DFLASH with dp attention requires CUDA or NPU"],
         ),
         # the verify against the expert-parallel all-to-all's dispatch buffer (no check of SGLang's for these
         # backends; the first batch past it ended a serving scheduler): 16 requests x 9 tokens > 128
@@ -511,6 +532,11 @@ def good_settings(drafters) -> list[list[str]]:
     return [
         dflash(drafters["dflash"]),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
+        # DFLASH trees under DP attention, both spellings (served on CPU too: test_parallel.py)
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", "--tp", "2", "--dp-size", "2",
+               "--enable-dp-attention", "--enable-dp-lm-head"),
+        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", "--tp", "2", "--attn-dp-size", "2",
+               "--enable-dp-lm-head"),
         dflash(drafters["dflash"], "--speculative-draft-attention-backend", "kimi_cpu"),
         ["--attention-backend", "torch_native"],  # no speculative step: SGLang's CPU backend serves it
         dflash(drafters["dflash_prefixed"]),

@@ -64,7 +64,6 @@ _DFLASH = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path"
 _DP_ATTENTION = ("--tp", "2", "--dp-size", "2", "--enable-dp-attention")
 _A2A_REASON = "their kernels need CUDA (the verify's tokens are checked against the buffer at start-up)"
 _PD_TEST = "e2e/test_disaggregation.py::test_greedy_through_prefill_and_decode_servers_equals_autoregressive"
-_TREE_DP_REASON = "the tree worker has no DP-attention path (on a GPU too)"
 
 ROWS: dict[str, dict[str, object]] = {
     "TP 2 on one node (`--tp 2`)": {
@@ -85,15 +84,12 @@ ROWS: dict[str, dict[str, object]] = {
             (*_DFLASH, *_DP_ATTENTION),
             ("DFLASH with dp attention requires CUDA or NPU",),
         ),
-        "tree": Refused(
-            _TREE_DP_REASON,
-            (*_DFLASH, "--speculative-dflash-tree-budget", "8", *_DP_ATTENTION),
-            ("--speculative-dflash-tree-budget is not served with DP attention", "on CPU SGLang serves DFLASH"),
-        ),
+        "tree": Tested("e2e/test_parallel.py::test_tp2_greedy_equals_tp1[dflash-tree-dp-attention]"),
         "eagle3": Tested("e2e/test_parallel.py::test_tp2_greedy_equals_tp1[eagle3-tree-dp-attention]"),
         "adaptive": Refused(
-            _TREE_DP_REASON,
-            (*_DFLASH, "--speculative-kimi-adaptive", *_DP_ATTENTION),
+            "each attention group would choose its own width, and SGLang gives every group's share of the DP gather "
+            "one verify window",
+            (*_DFLASH, "--speculative-kimi-adaptive", *_DP_ATTENTION, "--enable-dp-lm-head"),
             ("--speculative-kimi-adaptive is not served with DP attention",),
         ),
     },

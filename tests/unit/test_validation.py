@@ -137,15 +137,16 @@ def tree_settings(**fields):
     "fields, message",
     [
         ({"speculative_draft_window_size": 16}, "--speculative-draft-window-size 16 asks for SGLang's compact"),
-        ({"enable_dp_attention": True, "dp_size": 4}, r"is not served with DP attention \(here over 4 groups"),
+        ({"enable_dp_attention": True, "dp_size": 4}, r"with DP attention \(here over 4 groups.*--enable-dp-lm-head"),
         ({"page_size": 16}, r"needs --page-size 1 \(got 16\)"),
         ({"decode_attention_backend": "flashinfer"}, "--decode-attention-backend is flashinfer"),
     ],
 )
 def test_what_the_tree_worker_cannot_serve_is_refused_before_the_weights_load(fields, message):
     """The DFLASH tree worker (draft trees and adaptive DFLASH) refused a sliding-window draft cache and DP attention
-    in its constructor, after the target's weights had loaded; SGLang refuses DFLASH with DP attention on CPU itself,
-    so that case is only reachable on a GPU."""
+    in its constructor, after the target's weights had loaded; DP attention is served by trees with the LM head split
+    over the attention group (``--enable-dp-lm-head``; test_speculative_config.py resolves the launches through
+    SGLang's pipeline)."""
     flag, backends = "--speculative-dflash-tree-budget", STATIC_TREE_BACKENDS
     validation._check_tree_verify(tree_settings(), flag, "drop the flag", backends)
     with pytest.raises(SpeculativeConfigError, match=message):

@@ -103,9 +103,24 @@ def _handle_dflash_on_cpu(original, server_args):
         return original(server_args)
     speculative_hook.current_platform = CpuSRTPlatformWithDFlash(platform)
     try:
+        if _plugin_tree_with_dp_attention(server_args):
+            return _handle_dflash_reading_device(original, server_args, speculative_hook, "cuda")
         return original(server_args)
     finally:
         speculative_hook.current_platform = platform
+
+
+def _plugin_tree_with_dp_attention(server_args) -> bool:
+    """A DFLASH tree server (the plugin's worker) under DP attention: SGLang refuses DFLASH with DP attention on
+    every device but CUDA and NPU, for its own chain worker; the tree worker's DP-attention path runs on CPU
+    (its CPU-only parts: gloo collectives, eager forwards). Its other DP-attention conditions still apply."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from sglang_kimi.settings import plugin_args
+
+    view = resolving_view(server_args)
+    dp_attention = int(getattr(view, "attn_dp_size", 1) or 1) > 1 or bool(getattr(view, "enable_dp_attention", False))
+    return plugin_args(server_args).dflash_tree_budget is not None and dp_attention
 
 
 class _DeviceView:
@@ -119,8 +134,14 @@ class _DeviceView:
 def _handle_dflash_reading_xpu(original, server_args, speculative_hook):
     """SGLang 0.5.20's ``_handle_dflash`` reads the device twice: its device check, and a dp-attention check that
     refuses every device but NPU (CPU and XPU alike); while it runs, its ``resolving_view`` reports ``xpu``."""
+    return _handle_dflash_reading_device(original, server_args, speculative_hook, "xpu")
+
+
+def _handle_dflash_reading_device(original, server_args, speculative_hook, device: str):
+    """``_handle_dflash`` run with its ``resolving_view`` reporting ``device`` (it reads the device only in its
+    device checks)."""
     resolving_view = speculative_hook.resolving_view
-    speculative_hook.resolving_view = lambda args: _DeviceView(resolving_view(args), "xpu")
+    speculative_hook.resolving_view = lambda args: _DeviceView(resolving_view(args), device)
     try:
         return original(server_args)
     finally:

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -114,6 +113,21 @@ def _attn_dp_enabled(parallel) -> bool:
         return bool(parallel.enable_dp_attention)
 
 
+def _dp_round_runs_eager(batch, verify_batch) -> bool:
+    """Under DP attention the verify runs eager, as SGLang's DFLASH verify does, in a round where another attention
+    group is idle (it runs an eager empty verify with raw token counts, a replay assumes the padded bucket) or
+    prefills (its raw counts disagree with the window-scaled ones): otherwise the ranks' DP-gather offsets differ."""
+    counts = verify_batch.original_global_num_tokens_cpu  # requests of each attention group this round
+    return bool(batch.is_extend_in_batch) or (counts is not None and min(counts) == 0)
+
+
+def _head_group(lm_head):
+    """The group the target's LM head splits the vocabulary over: the TP group, or with ``--enable-dp-lm-head``
+    under DP attention the attention-TP group (``ParallelLMHead.use_attn_tp_group``)."""
+    parallel = get_parallel()
+    return parallel.attn_tp_group if getattr(lm_head, "use_attn_tp_group", False) else parallel.tp_group
+
+
 def _draft_tp_scope(worker):
     """The TP scope DFlashWorkerV2 enters around its own draft forwards; how it is entered changed in each release:
     0.5.23 ``draft_tp_context(self.draft_parallel_layout)``, 0.5.22 ``draft_tp_context(self.draft_owns_attention)``,
@@ -178,7 +192,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             (self.selector is not None and self.tree_budget is not None, "a DFlash2 drafter (candidate selector)"),
             (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
             (self._is_domino, "a Domino DFlash drafter"),
-            (_attn_dp_enabled(get_parallel()), "DP attention"),
+            (args.adaptive and _attn_dp_enabled(get_parallel()), "adaptive widths under DP attention"),
         ):
             if unsupported:
                 raise ValueError(f"{mode} do not support {what}")
@@ -267,11 +281,11 @@ class DFlashTreeWorker(DFlashWorkerV2):
 
     def _new_draft_tail(self) -> DraftTail:
         """The draft side as the drafter graphs' tail; under tensor parallelism with this rank's shard of the LM
-        head and the target's TP group (the ranks' candidates gathered inside the graph, as SGLang's chain gathers
-        its argmax)."""
+        head and the group the head is split over (the ranks' candidates gathered inside the graph, as SGLang's
+        chain gathers its argmax)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         shard = getattr(lm_head, "shard_indices", None)
-        tp_group = get_parallel().tp_group if shard is not None else None  # an unsharded head: no group to ask
+        tp_group = _head_group(lm_head) if shard is not None else None  # an unsharded head: no group to ask
         sharded = tp_group is not None and int(tp_group.world_size) > 1
         rows = int(shard.num_org_elements) if sharded else int(self.model_runner.model_config.vocab_size)
         runner = self.target_worker.model_runner
@@ -304,8 +318,10 @@ class DFlashTreeWorker(DFlashWorkerV2):
     # ------------------------------------------------------------------------------------------------------------
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
-        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if batch.forward_mode.is_idle():
+            return self._idle_step(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DFLASH tree decode expected DFlashDraftInputV2 state on the running batch")
         width = self._step_width(len(batch.seq_lens))
@@ -313,6 +329,18 @@ class DFlashTreeWorker(DFlashWorkerV2):
             return self._chain_step(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         with verify_penalties(batch), exact_step(), step_phases() as phases:
             return self._tree_decode_step(batch, width, on_publish, grammar_barrier, phases)
+
+    def _idle_step(self, batch, on_publish, grammar_barrier, pp_proxy_tensors) -> GenerationBatchResult:
+        """An attention group with no requests under DP attention: SGLang's idle DFLASH step, whose empty verify
+        keeps this rank in the other groups' collectives. That verify scales the groups' request counts by its
+        ``block_size``, which must be the verify window the busy groups scale by (a tree's window, not the
+        drafter's block)."""
+        block = self.block_size
+        self.block_size = self.num_verify_tokens
+        try:
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        finally:
+            self.block_size = block
 
     def _step_width(self, bs: int) -> int:
         """The step's width: the adaptive policy's for this batch, else the widest."""
@@ -444,14 +472,21 @@ class DFlashTreeWorker(DFlashWorkerV2):
         if saved_cpu is not None:  # then seq_lens_cpu is saved_cpu, and host_sum its sum
             batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
             batch.seq_lens_sum = host_sum + bs * window
-        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        dp_attention = _attn_dp_enabled(get_parallel())
+        # under DP attention the model runner plans the attention after SGLang's DP padding
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker, defer_metadata_init=dp_attention)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        if dp_attention and _dp_round_runs_eager(batch, verify_batch):
+            verify_batch.can_run_decode_cuda_graph = False
         return verify_batch, grammar_tree
 
     def _target_verify(self, verify_batch):
         """The target's forward over every request's window (its verify graph when one was captured)."""
         return self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+            batch=None,
+            forward_batch=verify_batch,
+            is_verify=True,
+            skip_attn_backend_init=None if _attn_dp_enabled(get_parallel()) else True,
         )
 
     @staticmethod
@@ -645,9 +680,12 @@ class DFlashTreeWorker(DFlashWorkerV2):
         block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
         block_ids[:, 0] = root
         positions = (prefix_lens[:, None] + self._block_pos_offsets).reshape(-1)  # [bs*B]
-        target_model = self.target_worker.model_runner.model
-        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
-        input_embeds = embed(block_ids)
+        if self._full_embed_gpu is not None:  # DP attention: the whole table, no collective beside idle peers
+            input_embeds = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            target_model = self.target_worker.model_runner.model
+            embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+            input_embeds = embed(block_ids)
         if self._noise_embed_scale != 1.0:
             input_embeds = input_embeds * self._noise_embed_scale
         host_lens = seq_lens_cpu[:bs] + block  # host bound: committed prefix + the block
@@ -694,7 +732,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
         weight = lm_head.weight  # [local vocab (padded), H]
         vocab = int(self.model_runner.model_config.vocab_size)
         shard = getattr(lm_head, "shard_indices", None)
-        tp_size = int(get_parallel().tp_group.world_size) if shard is not None else 1
+        group = _head_group(lm_head) if shard is not None else None
+        tp_size = int(group.world_size) if group is not None else 1
         local_start = int(shard.org_vocab_start_index) if shard is not None else 0
         local_size = int(shard.num_org_elements) if shard is not None else vocab
         k = min(k, vocab)
@@ -703,6 +742,6 @@ class DFlashTreeWorker(DFlashWorkerV2):
                 return rank_draft_hidden(hidden, weight[:local_size], k)
 
         def gather(packed: torch.Tensor) -> torch.Tensor:  # [n, C] -> [tp, n, C]: rank order
-            return tensor_model_parallel_all_gather(packed.contiguous(), dim=0).view(tp_size, *packed.shape)
+            return group.all_gather(packed.contiguous(), dim=0).view(tp_size, *packed.shape)
 
         return rank_draft_hidden_sharded(hidden, weight[:local_size], k, local_start, gather)
