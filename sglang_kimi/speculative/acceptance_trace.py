@@ -4,7 +4,8 @@ budget ``b`` is the first ``b`` nodes of a wider one, ``docs/adaptive.md``, "Nes
 
 With ``SGLANG_KIMI_ACCEPTANCE_TRACE=<file>`` the tree worker appends one JSON line per request and decode step:
 ``{"rid": ..., "width": w, "path": [accepted node numbers, root excluded]}``. Recording only: each step then reads
-its accepted nodes on the host. Tensor-parallel ranks agree on the path; the first rank writes.
+its accepted nodes on the host. Tensor-parallel ranks agree on the path; the first rank writes (under DP attention
+the first rank of each attention group, each step's lines in one append).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def append_paths(path: str, rids, width: int, accepted_nodes: torch.Tensor, rank
     if rank != 0:
         return
     rows = accepted_nodes.tolist()
+    lines = [json.dumps({"rid": rid, "width": int(width), "path": [n for n in row[1:] if n > 0]}) for rid, row in
+             zip(rids, rows)]  # fmt: skip
     with open(path, "a") as f:
-        for rid, row in zip(rids, rows):
-            f.write(json.dumps({"rid": rid, "width": int(width), "path": [n for n in row[1:] if n > 0]}) + "\n")
+        f.write("".join(line + "\n" for line in lines))

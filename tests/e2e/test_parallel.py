@@ -34,6 +34,7 @@ from support.spec_e2e import EAGLE3_TREE, KIMI_CPU, TINY, generate_all, gsm8k_pr
 from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.launcher.dp_reports import reports
 from sglang_kimi.launcher.server import fetch_plugin_state, group_members
+from sglang_kimi.settings import ACCEPTANCE_TRACE_ENV
 
 TP2 = ["--tp", "2"]
 PROMPTS = 3
@@ -63,10 +64,13 @@ def tp1_outputs(tiny_server):
 FORCED = {"explore_every": 2, "explore_budget": 1, "hysteresis": 0.0, "buckets": [1, 2]}
 ADAPTIVE_FILES = ["--speculative-kimi-adaptive-config", "{dir}/policy.json",
                   "--speculative-kimi-adaptive-profile", "{dir}/profile.json"]  # fmt: skip
+# the DP-attention tree records its accepted paths: the first rank of each attention group writes its own requests'
+TRACE = {"dflash-tree-dp-attention": {ACCEPTANCE_TRACE_ENV: "{dir}/paths.jsonl"}}
 TP2_SERVERS = {
     name: server_config(
         f"tp2_{name}",
         KIMI_CPU + TP2 + args + (ADAPTIVE_FILES if "--speculative-kimi-adaptive" in args else []),
+        env=TRACE.get(name),
         files={"policy.json": json.dumps(FORCED)} if "--speculative-kimi-adaptive" in args else None,
     )
     for name, args in CONFIGS.items()
@@ -113,13 +117,18 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
 
 
 def check_dflash_tree_dp_attention(server, state, prompt) -> None:
-    """Both groups' tree steps are counted, and sampled requests are drawn from the target's top-p support, not
-    its argmax. (No uniformity test of the draws: SGLang seeds every rank alike, so under DP attention the two
-    groups draw the same random streams, and requests on different groups repeat each other's samples, its
-    autoregressive decoding too.)"""
+    """Both groups' tree steps are counted and their accepted paths recorded, and sampled requests are drawn from
+    the target's top-p support, not its argmax. (No uniformity test of the draws: SGLang seeds every rank alike, so
+    under DP attention the two groups draw the same random streams, and requests on different groups repeat each
+    other's samples, its autoregressive decoding too.)"""
     metrics = state["spec_metrics"]
     print(f"DFLASH tree under DP attention: tau {metrics['tau']:.2f} over {metrics['steps']} steps")
     assert metrics["tau"] > 1.5, "the group's drafts should be accepted"
+    # every request so far (both groups'), each of its steps (and, under the overlap scheduler, the step a finished
+    # request rides along in, which the counters leave out)
+    trace = [json.loads(line) for line in (server.log_path.parent / "paths.jsonl").read_text().splitlines()]
+    assert len({step["rid"] for step in trace}) == PROMPTS + 1, "each group's requests are in the acceptance trace"
+    assert len(trace) >= metrics["steps"]
     _, greedy_pvalue, outside = sampled_pit_pvalue(server.base_url, prompt, 40, 4, 0.9)
     assert outside <= 3 and greedy_pvalue < 1e-6, (outside, greedy_pvalue)  # the boundary of top-p in float32
 

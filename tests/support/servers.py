@@ -88,7 +88,8 @@ def _ready(server: ServerProcess) -> ServerProcess:
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
     """A server the e2e tests start: ``sglang-kimi serve``'s launch with ``args`` and ``env``. ``files`` are written
-    into the server's own folder before it starts, and ``{dir}`` in an argument is that folder."""
+    into the server's own folder before it starts, and ``{dir}`` in an argument or a variable's value is that
+    folder."""
 
     name: str
     args: tuple[str, ...]
@@ -226,7 +227,7 @@ class ServerPool:
         for name, text in config.files:
             (folder / name).write_text(text)
         args = [a.replace("{dir}", str(folder)) for a in config.args]
-        return _start(folder, args, dict(config.env))
+        return _start(folder, args, {k: v.replace("{dir}", str(folder)) for k, v in config.env})
 
 
 def _settle(server: ServerProcess) -> None:

@@ -121,6 +121,12 @@ def _dp_round_runs_eager(batch, verify_batch) -> bool:
     return bool(batch.is_extend_in_batch) or (counts is not None and min(counts) == 0)
 
 
+def _group_rank(parallel) -> int:
+    """This rank's place among the ranks that serve its requests: in its attention group under DP attention (each
+    group serves its own), else in the TP group."""
+    return int(parallel.attn_tp_rank if _attn_dp_enabled(parallel) else parallel.tp_group.rank_in_group)
+
+
 def _head_group(lm_head):
     """The group the target's LM head splits the vocabulary over: the TP group, or with ``--enable-dp-lm-head``
     under DP attention the attention-TP group (``ParallelLMHead.use_attn_tp_group``)."""
@@ -566,7 +572,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             paths = result.accepted_nodes if self.tree_budget is not None else None
             self.adaptive.finish(plan.started, plan.bs, plan.width, result.num_accepted, paths)
         if self._trace_file is not None and self.tree_budget is not None:
-            rank = int(get_parallel().tp_group.rank_in_group)
+            rank = _group_rank(get_parallel())
             append_paths(self._trace_file, [req.rid for req in batch.reqs], plan.width, result.accepted_nodes, rank)
 
     def _tree_mask(self, ancestor: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
