@@ -246,9 +246,13 @@ def summarize_level(
 
 def _server_info(url: str) -> dict:
     """``/server_info`` of the server, or of every worker behind a router: the acceptance counters of all of them."""
+    from sglang_kimi.launcher.client import ServerQueryError
     from sglang_kimi.launcher.router import server_info
 
-    return server_info(url, timeout=60)
+    try:
+        return server_info(url, timeout=60)
+    except ServerQueryError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def sweep(server: Server, cfg: BenchConfig, out_dir: Path, label: str, questions: list[str] | None) -> list[dict]:

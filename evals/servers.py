@@ -17,10 +17,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sglang_kimi.evals.errors import EvalError
-from sglang_kimi.launcher.api_key import auth_headers, refused_key_hint
+from sglang_kimi.launcher import client
 
 # Tokenized on both servers: same ids <=> same tokenizer for all practical purposes (digits, $, unicode, newline).
 PROBE_TEXT = "Question: Janet’s 16 ducks lay 3.5 eggs; $2 × 7 = 14?\nAnswer: 48/2 = <<48/2=24>>24\n#### 72 你好"
@@ -128,36 +126,9 @@ def get_json(
     body: dict | None = None,
     fix: str = "check the URL and port",
 ) -> dict:
-    """One JSON object from an SGLang server; :class:`EvalError` naming the problem (and ``fix`` for an unreachable
-    server) when it is unreachable, slow, refuses the API key or is not SGLang."""
-    try:
-        response = requests.request(method, url + path, json=body, timeout=timeout, headers=auth_headers())
-    except requests.ConnectionError as exc:
-        reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
-        raise EvalError(f"cannot reach {url} ({reason}): is the server running? {fix}") from None
-    except requests.Timeout:
-        raise EvalError(f"{url} did not answer {path} within {timeout:.0f} s: is the server overloaded?") from None
-    except requests.RequestException as exc:
-        raise EvalError(f"cannot reach {url}: {exc}") from None
-    kind = response.headers.get("content-type", "?").split(";")[0]
-    hint = refused_key_hint(response.status_code)
-    if hint:
-        raise EvalError(f"{url}: {method} {path}: {hint}")
-    if response.status_code != 200:
-        raise EvalError(
-            f"{url} is not an SGLang server: {method} {path} answered HTTP {response.status_code} ({kind}); "
-            "point the URL at `python -m sglang.launch_server` / `sglang-kimi serve`"
-        )
-    try:
-        data = response.json()
-    except ValueError:
-        raise EvalError(
-            f"{url} is not an SGLang server: {method} {path} answered {kind}, not JSON; "
-            "point the URL at `python -m sglang.launch_server` / `sglang-kimi serve`"
-        ) from None
-    if not isinstance(data, dict):
-        raise EvalError(f"{url} is not an SGLang server: {method} {path} answered a JSON {type(data).__name__}")
-    return data
+    """One JSON object from an SGLang server (``launcher.client.get_json``); :class:`EvalError` naming the problem
+    (and ``fix`` for an unreachable server) when it is unreachable, slow, refuses the API key or is not SGLang."""
+    return client.get_json(url, path, timeout, method=method, body=body, fix=fix, error=EvalError)
 
 
 def probe(url: str, timeout: float = 30.0) -> Server:

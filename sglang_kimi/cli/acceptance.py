@@ -11,8 +11,9 @@ import json
 
 from sglang_kimi.launcher.api_key import HELP as API_KEY_HELP
 from sglang_kimi.launcher.api_key import use_api_key
+from sglang_kimi.launcher.client import ServerQueryError
 from sglang_kimi.launcher.dp_reports import merge_spec_metrics
-from sglang_kimi.launcher.router import RouterError, worker_reports
+from sglang_kimi.launcher.router import worker_reports
 
 POSITIONS = 8  # draft positions shown in the table (--json has them all)
 
@@ -49,7 +50,7 @@ def run_acceptance(args) -> int:
     use_api_key(args.api_key)
     try:
         table = acceptance_table(args.base_url.rstrip("/"))
-    except RouterError as exc:
+    except ServerQueryError as exc:
         return command_failed(str(exc))
     if args.json:
         print(json.dumps(table, indent=2))

@@ -29,7 +29,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from sglang_kimi.launcher.api_key import auth_headers, refused_key_hint
+from sglang_kimi.launcher.api_key import auth_headers
+from sglang_kimi.launcher.client import get_json
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 PROMPT_KEYS = ("prompt", "question", "instruction")
@@ -143,20 +144,14 @@ class Server:
         self.model = self._model()
 
     def _model(self) -> str:
+        fix = "start the target's server, or fix --base-url"
+        models = get_json(self.url, "/v1/models", 30, fix=fix, error=RegenerateError)
         try:
-            response = requests.get(self.url + "/v1/models", timeout=30, headers=auth_headers())
-        except requests.RequestException as e:
-            raise RegenerateError(f"cannot reach {self.url} ({type(e).__name__}): start the target's server, or fix "
-                                  "--base-url") from None  # fmt: skip
-        hint = refused_key_hint(response.status_code)
-        if hint:
-            raise RegenerateError(f"{self.url}: {hint}")
-        try:
-            return response.json()["data"][0]["id"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            return models["data"][0]["id"]
+        except (KeyError, IndexError, TypeError):
             raise RegenerateError(
-                f"{self.url} is not an OpenAI-compatible SGLang server: GET /v1/models answered HTTP "
-                f"{response.status_code} without a model; give the URL of the target's SGLang server"
+                f"{self.url} is not an OpenAI-compatible SGLang server: GET /v1/models answered without a model; "
+                "give the URL of the target's SGLang server"
             ) from None
 
     def answer(self, messages: list[dict], sampling: Sampling) -> dict:

@@ -9,31 +9,18 @@ acceptance of the whole fleet; :func:`worker_reports` keeps each worker's report
 
 from __future__ import annotations
 
-import requests
-
-from sglang_kimi.launcher.api_key import auth_headers, refused_key_hint
+from sglang_kimi.launcher.client import ServerQueryError, get_json, request
 from sglang_kimi.launcher.dp_reports import merged_report
 
 
-class RouterError(RuntimeError):
-    """A URL that could not be read as an SGLang server or a router of them; the message names the fix."""
-
-
-def _get(url: str, path: str, timeout: float) -> requests.Response:
-    try:
-        response = requests.get(url + path, timeout=timeout, headers=auth_headers())
-    except requests.RequestException as exc:
-        raise RouterError(f"cannot reach {url} ({type(exc).__name__}): is the server running? check the URL") from None
-    hint = refused_key_hint(response.status_code)
-    if hint:
-        raise RouterError(f"{url}: GET {path}: {hint}")
-    return response
+class RouterError(ServerQueryError):
+    """A router that cannot answer for its workers; the message names the fix."""
 
 
 def router_workers(url: str, timeout: float = 30.0) -> list[str] | None:
     """The URLs of the workers the router at ``url`` routes to (``GET /workers``); None when ``url`` is not a
     router (an SGLang server has no such route)."""
-    response = _get(url, "/workers", timeout)
+    response = request(url, "/workers", timeout)
     if response.status_code != 200:
         return None
     try:
@@ -47,16 +34,11 @@ def router_workers(url: str, timeout: float = 30.0) -> list[str] | None:
 
 
 def _server_info(url: str, timeout: float) -> dict:
-    response = _get(url, "/server_info", timeout)
-    try:
-        data = response.json() if response.status_code == 200 else None
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or "internal_states" not in data:
-        raise RouterError(
-            f"{url} is not an SGLang server: GET /server_info answered HTTP {response.status_code} without "
-            "internal_states; give the URL of `sglang-kimi serve` / `python -m sglang.launch_server`, or of the "
-            "sglang-router in front of them"
+    data = get_json(url, "/server_info", timeout)
+    if "internal_states" not in data:
+        raise ServerQueryError(
+            f"{url} is not an SGLang server: GET /server_info answered without internal_states; give the URL of "
+            "`sglang-kimi serve` / `python -m sglang.launch_server`, or of the sglang-router in front of them"
         )
     return data
 

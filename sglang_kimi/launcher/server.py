@@ -22,7 +22,6 @@ from pathlib import Path
 import requests
 
 from sglang_kimi.assets import TINY_DFLASH, TINY_EAGLE3, TINY_MODEL
-from sglang_kimi.launcher.api_key import auth_headers
 from sglang_kimi.launcher.checks import (
     DEFAULT_HOST,
     HUB_ID,
@@ -729,9 +728,10 @@ def start_server(
 
 
 def fetch_plugin_state(base_url: str) -> dict:
-    """The plugin's state reported by the server's schedulers (``/server_info``), merged over data-parallel ranks."""
-    response = requests.get(base_url + "/server_info", timeout=30, headers=auth_headers())
-    response.raise_for_status()
+    """The plugin's state reported by the server's schedulers (``/server_info``), merged over data-parallel ranks;
+    behind ``sglang-router``, over every worker's ranks (``router.server_info``). ``ServerQueryError`` when the URL
+    is not such a server."""
     from sglang_kimi.launcher.dp_reports import merged_report
+    from sglang_kimi.launcher.router import server_info
 
-    return merged_report(response.json())
+    return merged_report(server_info(base_url))

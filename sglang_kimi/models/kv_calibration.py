@@ -55,14 +55,11 @@ def calibration_prompts(data_dir: str | Path | None, limit: int) -> list[str]:
 
 def server_kv_state(base_url: str) -> dict:
     """The plugin's KV scale state from the server's ``/server_info``, over all its data-parallel ranks."""
-    from sglang_kimi.evals.errors import EvalError
-    from sglang_kimi.evals.servers import get_json
+    from sglang_kimi.launcher.client import get_json
     from sglang_kimi.launcher.dp_reports import merged_report
 
-    try:
-        state = merged_report(get_json(base_url, "/server_info", 30, fix="start one or fix --base-url"))
-    except EvalError as exc:
-        raise CalibrationError(str(exc)) from None
+    info = get_json(base_url, "/server_info", 30, fix="start one or fix --base-url", error=CalibrationError)
+    state = merged_report(info)
     kv = state.get("kv_scales")
     if kv is None:
         raise CalibrationError(

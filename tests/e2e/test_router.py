@@ -5,7 +5,7 @@ EAGLE3 tree servers and its autoregressive reference server are the router's thr
   every greedy request the non-speculative server's output, and both tree workers serve part of it.
 - ``sglang-kimi acceptance`` given the router's URL reads every worker it lists: each tree worker's counters equal
   what that worker reports itself, the autoregressive one has none, and the summed row is the trees' sum (tau
-  recomputed from the summed histogram).
+  recomputed from the summed histogram); ``fetch_plugin_state`` given the router reads the same sum.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from support.spec_e2e import TINY, TREE_SERVERS, generate, gsm8k_prompts, shared
 
 from sglang_kimi.cli import main as cli
 from sglang_kimi.launcher.dp_reports import merged_report
+from sglang_kimi.launcher.server import fetch_plugin_state
 from sglang_kimi.speculative import acceptance_rates
 
 pytestmark = pytest.mark.e2e
@@ -106,6 +107,9 @@ def test_acceptance_of_each_worker_and_summed_through_the_router(router_url, wor
         n = max(len(own[u][key]) for u in urls)
         assert summed[key] == [sum(own[u][key][i] for u in urls if i < len(own[u][key])) for i in range(n)], key
     assert summed["tau"] == pytest.approx(acceptance_rates.tau(summed["accept_length_histogram"]))
+    # the plugin's state as its own clients read it (the demo, the GPU scripts), given the router: the whole fleet
+    fleet = fetch_plugin_state(router_url)["spec_metrics"]
+    assert fleet["steps"] == summed["steps"] and fleet["accept_length_histogram"] == summed["accept_length_histogram"]
     assert cli.main(["acceptance", "--base-url", router_url]) == 0
     printed = capsys.readouterr().out
     assert all(w.base_url in printed for w in workers) and "all workers" in printed, printed
