@@ -10,6 +10,7 @@ quantized or otherwise re-weighted candidate of the same model is exactly what t
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from concurrent.futures import ThreadPoolExecutor
@@ -117,18 +118,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def get_json(
-    url: str,
-    path: str,
-    timeout: float,
-    *,
-    method: str = "GET",
-    body: dict | None = None,
-    fix: str = "check the URL and port",
-) -> dict:
-    """One JSON object from an SGLang server (``launcher.client.get_json``); :class:`EvalError` naming the problem
-    (and ``fix`` for an unreachable server) when it is unreachable, slow, refuses the API key or is not SGLang."""
-    return client.get_json(url, path, timeout, method=method, body=body, fix=fix, error=EvalError)
+# One JSON object from an SGLang server (``launcher.client.get_json``): EvalError naming the problem (and ``fix`` for
+# an unreachable server) when it is unreachable, slow, refuses the API key or is not SGLang.
+get_json = functools.partial(client.get_json, error=EvalError)
 
 
 def probe(url: str, timeout: float = 30.0) -> Server:

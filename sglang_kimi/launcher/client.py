@@ -43,18 +43,11 @@ def request(
 
 
 def get_json(
-    url: str,
-    path: str,
-    timeout: float,
-    *,
-    method: str = "GET",
-    body: dict | None = None,
-    fix: str = "check the URL and port",
-    error: type[Exception] = ServerQueryError,
+    url: str, path: str, timeout: float, *, method: str = "GET", error: type[Exception] = ServerQueryError, **options
 ) -> dict:
-    """One JSON object from the server at ``url`` (:func:`request`); ``error`` also when the answer is not HTTP 200
-    or not a JSON object."""
-    response = request(url, path, timeout, method=method, body=body, fix=fix, error=error)
+    """One JSON object from the server at ``url`` (:func:`request`, with its ``body`` and ``fix`` options);
+    ``error`` also when the answer is not HTTP 200 or not a JSON object."""
+    response = request(url, path, timeout, method=method, error=error, **options)
     kind = response.headers.get("content-type", "?").split(";")[0]
     if response.status_code != 200:
         raise error(

@@ -168,6 +168,8 @@ def eagle3(path, *extra, backend="kimi_cpu"):
 EAGLE3_CHAIN = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 EAGLE3_TREE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
 EP_DEEPEP = ("--tp", "2", "--moe-a2a-backend", "deepep")
+TREE_8 = ("--speculative-dflash-tree-budget", "8")
+DP_ATTENTION = ("--tp", "2", "--dp-size", "2", "--enable-dp-attention")  # SGLang rewrites it to --attn-dp-size 2
 
 
 def other(algorithm, path=None, *extra):
@@ -370,16 +372,7 @@ def cases(d):
         # refusal never fired, and SGLang's own came instead, on a GPU only after the weights loaded): trees rank
         # with the head split over the attention group; adaptive widths would differ between the groups
         (
-            dflash(
-                d["dflash"],
-                "--speculative-dflash-tree-budget",
-                "8",
-                "--tp",
-                "2",
-                "--dp-size",
-                "2",
-                "--enable-dp-attention",
-            ),
+            dflash(d["dflash"], *TREE_8, *DP_ATTENTION),
             ["--speculative-dflash-tree-budget with DP attention (here over 2 groups", "add --enable-dp-lm-head"],
         ),
         (
@@ -387,21 +380,10 @@ def cases(d):
             ["--speculative-kimi-adaptive is not served with DP attention", "--speculative-dflash-tree-budget N"],
         ),
         (
-            dflash(
-                d["dflash"],
-                "--speculative-dflash-tree-budget",
-                "8",
-                *adaptive(),
-                "--tp",
-                "2",
-                "--dp-size",
-                "2",
-                "--enable-dp-attention",
-                "--enable-dp-lm-head",
-            ),
+            dflash(d["dflash"], *TREE_8, *adaptive(), *DP_ATTENTION, "--enable-dp-lm-head"),
             ["--speculative-kimi-adaptive is not served with DP attention (here over 2 groups"],
         ),
-        # SGLang's own DFLASH chain: on CPU SGLang refuses it DP attention (its refusal, passed on)
+        # SGLang's own DFLASH chain with DP attention: on CPU SGLang refuses it (its refusal, passed on)
         (
             dflash(d["dflash"], "--tp", "2", "--attn-dp-size", "2", "--enable-dp-lm-head"),
             ["DFLASH with dp attention requires CUDA or NPU"],
@@ -533,10 +515,8 @@ def good_settings(drafters) -> list[list[str]]:
         dflash(drafters["dflash"]),
         dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8"),
         # DFLASH trees under DP attention, both spellings (served on CPU too: test_parallel.py)
-        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", "--tp", "2", "--dp-size", "2",
-               "--enable-dp-attention", "--enable-dp-lm-head"),
-        dflash(drafters["dflash"], "--speculative-dflash-tree-budget", "8", "--tp", "2", "--attn-dp-size", "2",
-               "--enable-dp-lm-head"),
+        dflash(drafters["dflash"], *TREE_8, *DP_ATTENTION, "--enable-dp-lm-head"),
+        dflash(drafters["dflash"], *TREE_8, "--tp", "2", "--attn-dp-size", "2", "--enable-dp-lm-head"),
         dflash(drafters["dflash"], "--speculative-draft-attention-backend", "kimi_cpu"),
         ["--attention-backend", "torch_native"],  # no speculative step: SGLang's CPU backend serves it
         dflash(drafters["dflash_prefixed"]),
