@@ -24,12 +24,22 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 from support.processes import idle_core_share, titled
 from support.servers import launch_nodes, server_config
-from support.spec_e2e import EAGLE3_TREE, KIMI_CPU, TINY, generate_all, gsm8k_prompts, sampled_pit_pvalue
+from support.spec_e2e import (
+    EAGLE3_TREE,
+    KIMI_CPU,
+    TINY,
+    generate,
+    generate_all,
+    gsm8k_prompts,
+    sampled_pit_pvalue,
+)
 
 from sglang_kimi.assets import TINY_DFLASH
 from sglang_kimi.launcher.dp_reports import reports
@@ -105,6 +115,7 @@ def test_tp2_greedy_equals_tp1(tp2_server, tp1_outputs):
     check_ranks_on_their_own_cores(tp2_server)
     if tp2_server.config == "dflash-tree-dp-attention":
         check_dflash_tree_dp_attention(tp2_server, state, prompts[0])
+        check_staggered_arrivals(tp2_server, prompts, expected)
     if tp2_server.config == "dflash-tree-adaptive":
         metrics = state["spec_metrics"]
         ran = {w: n for w, n in state["adaptive"]["steps_by_width"].items() if n}
@@ -131,6 +142,20 @@ def check_dflash_tree_dp_attention(server, state, prompt) -> None:
     assert len(trace) >= metrics["steps"]
     _, greedy_pvalue, outside = sampled_pit_pvalue(server.base_url, prompt, 40, 4, 0.9)
     assert outside <= 3 and greedy_pvalue < 1e-6, (outside, greedy_pvalue)  # the boundary of top-p in float32
+
+
+def check_staggered_arrivals(server, prompts, expected, gap_s: float = 0.4) -> None:
+    """Requests arriving while others decode: one group prefills while the other verifies trees (SGLang's mixed
+    DP rounds, verified eager); every greedy output is still TP 1's (the later ones shorter: a prefix of it)."""
+    tokens = [TOKENS] + [TOKENS // 2] * (len(prompts) - 1)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = []
+        for prompt, n in zip(prompts, tokens):
+            futures.append(pool.submit(generate, server.base_url, prompt, n))
+            time.sleep(gap_s)
+        outputs = [f.result()["output_ids"] for f in futures]
+    for i, (got, ref, n) in enumerate(zip(outputs, expected, tokens)):
+        assert got == ref[:n], f"staggered prompt {i} differs from TP 1"
 
 
 def check_ranks_on_their_own_cores(*servers, ranks: int = 2) -> None:
