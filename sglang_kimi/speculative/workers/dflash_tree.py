@@ -23,6 +23,12 @@ With CUDA graphs the verify of the full window replays SGLang's target graph, ca
 and the tree build as their captured tail (``drafter_graph.py``; at TP > 1 with the candidates' all-gather in the
 graph); narrower windows and larger batches run eager.
 
+Under DP attention (``--enable-dp-lm-head``) each attention group drafts, ranks and verifies its own requests as
+SGLang's DFLASH chain worker does: the drafter embeds with SGLang's whole DP table, the ranking gathers over the
+group the LM head is split over (the attention-TP group), the verify is planned after SGLang's DP padding and runs
+eager in rounds where a group idles or prefills, and a group without requests runs SGLang's empty verify at the
+tree's window (:meth:`DFlashTreeWorker._idle_step`). Every step verifies the full window there (``docs/scale-out.md``).
+
 With ``--speculative-kimi-adaptive`` the same worker serves DFLASH chains too, and each step runs the width ``w``
 the policy chose for its batch (``speculative/adaptive/runtime.py``): w drafts of a chain or a tree of w nodes, a
 verify window of w + 1 tokens (the verify forward really shrinks; SGLang keeps reserving the widest window, so
