@@ -11,7 +11,7 @@
    the best budget per concurrency from the shipped Kimi-K2.6 H200 step costs.
 
 Measured, not assumed: the matched drafter accepts more than the mismatched one, and so does the one trained from
-the served target's answers, at every budget above 0 and at the first draft."""
+the served target's answers, at every budget above 0 (budget 1: the first draft alone)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,12 @@ def test_the_matched_and_the_trained_drafters_accept_more_than_the_mismatched_on
     matched, mismatched, trained = (data["drafters"][n]["all"] for n in ("matched", "mismatched", "trained"))
     print(printed)
     assert data["prompts"] == {"gsm8k": 3, "chat": 2}
+    # budget 1 is the first draft alone. (Not the tree's acceptance at depth 1, where any of budget 8's depth-1
+    # siblings counts: one run had 59 of 71 steps for a better drafter against 74 of 88 for the mismatched one, a
+    # difference well inside its noise.)
     for better in (matched, trained):
         for b in ("1", "2", "4", "8"):
             assert better["tau_by_budget"][b] > mismatched["tau_by_budget"][b], (b, better, mismatched)
-        assert better["accepted_by_depth"][0] > mismatched["accepted_by_depth"][0]
     assert set(data["drafters"]["matched"]["prompt_sets"]) == {"gsm8k", "chat"}
     best = data["drafters"]["matched"]["best_budget_by_concurrency"]
     assert set(best) == {"1", "2", "4", "8", "16", "32", "64"} and all(v["budget"] in (0, 8) for v in best.values())
