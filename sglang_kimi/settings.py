@@ -59,5 +59,15 @@ def plugin_args(server_args) -> PluginArgs:
     return getattr(server_args, "_sglang_kimi", None) or PluginArgs()
 
 
+def attention_dp_size(cfg) -> int:
+    """The attention data-parallel width of SGLang's resolved settings ``cfg``: 0.5.23 rewrites ``--dp-size N
+    --enable-dp-attention`` into ``attn_dp_size = N`` (and the flag off) before the speculative settings are
+    resolved, and takes ``--attn-dp-size N`` as it is; earlier releases keep the flag with ``dp_size``."""
+    width = int(getattr(cfg, "attn_dp_size", 1) or 1)
+    if getattr(cfg, "enable_dp_attention", False):
+        width = max(width, int(getattr(cfg, "dp_size", 1) or 1), 2)
+    return width
+
+
 def debug_greedy_verify() -> bool:
     return os.environ.get(DEBUG_GREEDY_VERIFY_ENV, "0") == "1"

@@ -30,6 +30,7 @@ from sglang_kimi.settings import (
     STATIC_TREE_BACKENDS,
     TREE_BUDGET_FLAG,
     TREE_MASK_BACKENDS,
+    attention_dp_size,
     debug_greedy_verify,
     plugin_args,
 )
@@ -308,16 +309,6 @@ def _backends(cfg) -> list[tuple[str, str | None]]:
     ]
 
 
-def _attention_dp_size(cfg) -> int:
-    """The attention data-parallel width as SGLang resolves it: 0.5.23 rewrites ``--dp-size N
-    --enable-dp-attention`` into ``attn_dp_size = N`` (and the flag off) before the speculative settings are
-    resolved, and takes ``--attn-dp-size N`` as it is; earlier releases keep the flag with ``dp_size``."""
-    width = int(getattr(cfg, "attn_dp_size", 1) or 1)
-    if getattr(cfg, "enable_dp_attention", False):
-        width = max(width, int(getattr(cfg, "dp_size", 1) or 1), 2)
-    return width
-
-
 def _check_tree_dp_attention(cfg, flag_name: str, attn_dp: int) -> None:
     """DP attention (``attn_dp`` groups): static DFLASH trees are served with it, as SGLang serves its DFLASH chains:
     each group drafts, ranks and verifies its own requests, an idle group joins the collectives with an empty
@@ -351,7 +342,7 @@ def _check_tree_verify(cfg, flag_name: str, drop: str, backends: tuple[str, ...]
             f"{window} asks for SGLang's compact sliding-window cache: drop "
             f"--speculative-draft-window-size (DFLASH chains serve it), or {drop}"
         )
-    attn_dp = _attention_dp_size(cfg)
+    attn_dp = attention_dp_size(cfg)
     if attn_dp > 1:
         _check_tree_dp_attention(cfg, flag_name, attn_dp)
     for flag, backend in _backends(cfg):

@@ -116,11 +116,10 @@ def _plugin_tree_with_dp_attention(server_args) -> bool:
     (its CPU-only parts: gloo collectives, eager forwards). Its other DP-attention conditions still apply."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from sglang_kimi.settings import plugin_args
+    from sglang_kimi.settings import attention_dp_size, plugin_args
 
-    view = resolving_view(server_args)
-    dp_attention = int(getattr(view, "attn_dp_size", 1) or 1) > 1 or bool(getattr(view, "enable_dp_attention", False))
-    return plugin_args(server_args).dflash_tree_budget is not None and dp_attention
+    tree = plugin_args(server_args).dflash_tree_budget is not None
+    return tree and attention_dp_size(resolving_view(server_args)) > 1
 
 
 class _DeviceView:

@@ -127,12 +127,6 @@ def _dp_round_runs_eager(batch, verify_batch) -> bool:
     return bool(batch.is_extend_in_batch) or (counts is not None and min(counts) == 0)
 
 
-def _group_rank(parallel) -> int:
-    """This rank's place among the ranks that serve its requests: in its attention group under DP attention (each
-    group serves its own), else in the TP group."""
-    return int(parallel.attn_tp_rank if _attn_dp_enabled(parallel) else parallel.tp_group.rank_in_group)
-
-
 def _head_group(lm_head):
     """The group the target's LM head splits the vocabulary over: the TP group, or with ``--enable-dp-lm-head``
     under DP attention the attention-TP group (``ParallelLMHead.use_attn_tp_group``)."""
@@ -199,12 +193,13 @@ class DFlashTreeWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
         self._use_triton_ddtree = torch.device(self.device).type == "cuda"  # CUDA and ROCm builds
+        self._dp_attention = _attn_dp_enabled(get_parallel())  # each attention group serves its own requests
         for unsupported, what in (
             (self.use_compact_draft_cache, "--speculative-draft-window-size"),
             (self.selector is not None and self.tree_budget is not None, "a DFlash2 drafter (candidate selector)"),
             (self.lilicorr is not None, "a DFlash drafter with a LiLiCorr head"),
             (self._is_domino, "a Domino DFlash drafter"),
-            (args.adaptive and _attn_dp_enabled(get_parallel()), "adaptive widths under DP attention"),
+            (args.adaptive and self._dp_attention, "adaptive widths under DP attention"),
         ):
             if unsupported:
                 raise ValueError(f"{mode} do not support {what}")
@@ -484,11 +479,12 @@ class DFlashTreeWorker(DFlashWorkerV2):
         if saved_cpu is not None:  # then seq_lens_cpu is saved_cpu, and host_sum its sum
             batch.seq_lens_cpu = saved_cpu + window  # host bound: committed prefix + the window
             batch.seq_lens_sum = host_sum + bs * window
-        dp_attention = _attn_dp_enabled(get_parallel())
         # under DP attention the model runner plans the attention after SGLang's DP padding
-        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker, defer_metadata_init=dp_attention)
+        verify_batch, _ = verify_input.prepare_for_verify(
+            batch, self.target_worker, defer_metadata_init=self._dp_attention
+        )
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
-        if dp_attention and _dp_round_runs_eager(batch, verify_batch):
+        if self._dp_attention and _dp_round_runs_eager(batch, verify_batch):
             verify_batch.can_run_decode_cuda_graph = False
         return verify_batch, grammar_tree
 
@@ -498,7 +494,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
             batch=None,
             forward_batch=verify_batch,
             is_verify=True,
-            skip_attn_backend_init=None if _attn_dp_enabled(get_parallel()) else True,
+            skip_attn_backend_init=None if self._dp_attention else True,
         )
 
     @staticmethod
@@ -578,7 +574,8 @@ class DFlashTreeWorker(DFlashWorkerV2):
             paths = result.accepted_nodes if self.tree_budget is not None else None
             self.adaptive.finish(plan.started, plan.bs, plan.width, result.num_accepted, paths)
         if self._trace_file is not None and self.tree_budget is not None:
-            rank = _group_rank(get_parallel())
+            parallel = get_parallel()  # the first rank of each group that serves its own requests writes them
+            rank = int(parallel.attn_tp_rank if self._dp_attention else parallel.tp_group.rank_in_group)
             append_paths(self._trace_file, [req.rid for req in batch.reqs], plan.width, result.accepted_nodes, rank)
 
     def _tree_mask(self, ancestor: torch.Tensor, prefix_lens: torch.Tensor, capacity: int) -> torch.Tensor:
