@@ -127,11 +127,26 @@ def _dp_round_runs_eager(batch, verify_batch) -> bool:
     return bool(batch.is_extend_in_batch) or (counts is not None and min(counts) == 0)
 
 
-def _head_group(lm_head):
-    """The group the target's LM head splits the vocabulary over: the TP group, or with ``--enable-dp-lm-head``
-    under DP attention the attention-TP group (``ParallelLMHead.use_attn_tp_group``)."""
-    parallel = get_parallel()
-    return parallel.attn_tp_group if getattr(lm_head, "use_attn_tp_group", False) else parallel.tp_group
+@dataclass(frozen=True)
+class HeadShard:
+    """This rank's part of the target's LM head, as the draft ranking (eager and the drafter graphs' tail) uses it."""
+
+    weight: torch.Tensor  # [rows, H]: this rank's vocabulary rows, padding cut
+    vocab_start: int  # token id of the first row
+    group: object | None  # the group the rows are split over; None: the whole vocabulary is here
+
+
+def _head_shard(lm_head, vocab: int) -> HeadShard:
+    """``lm_head``'s rows on this rank (``vocab``: the served vocabulary), split over the TP group, or with
+    ``--enable-dp-lm-head`` under DP attention over the attention-TP group (``ParallelLMHead.use_attn_tp_group``)."""
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is not None:  # an unsharded head: no group to ask
+        parallel = get_parallel()
+        group = parallel.attn_tp_group if getattr(lm_head, "use_attn_tp_group", False) else parallel.tp_group
+        if int(group.world_size) > 1:
+            rows = int(shard.num_org_elements)
+            return HeadShard(lm_head.weight[:rows], int(shard.org_vocab_start_index), group)
+    return HeadShard(lm_head.weight[:vocab], 0, None)
 
 
 def _draft_tp_scope(worker):
@@ -290,17 +305,13 @@ class DFlashTreeWorker(DFlashWorkerV2):
         """The draft side as the drafter graphs' tail; under tensor parallelism with this rank's shard of the LM
         head and the group the head is split over (the ranks' candidates gathered inside the graph, as SGLang's
         chain gathers its argmax)."""
-        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        shard = getattr(lm_head, "shard_indices", None)
-        tp_group = _head_group(lm_head) if shard is not None else None  # an unsharded head: no group to ask
-        sharded = tp_group is not None and int(tp_group.world_size) > 1
-        rows = int(shard.num_org_elements) if sharded else int(self.model_runner.model_config.vocab_size)
+        head = self._head_shard()
         runner = self.target_worker.model_runner
         target_graphs = getattr(runner, "decode_cuda_graph_runner", None)  # captured before the drafter's
         return DraftTail(
-            lm_head.weight[:rows],
-            vocab_start=int(shard.org_vocab_start_index) if sharded else 0,
-            tp_group=tp_group if sharded else None,
+            head.weight,
+            vocab_start=head.vocab_start,
+            tp_group=head.group,
             block=self.block_size,
             width=self.max_width,
             use_kernel=self._use_triton_ddtree,
@@ -737,20 +748,19 @@ class DFlashTreeWorker(DFlashWorkerV2):
         [bs, D, K] float32 over the full vocabulary, token ids [bs, D, K]), ranked by log-prob then id.
         Tensor-parallel: every rank ranks its shard; candidates and log-sum-exps are gathered, so all ranks build the
         same tree."""
-        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        weight = lm_head.weight  # [local vocab (padded), H]
-        vocab = int(self.model_runner.model_config.vocab_size)
-        shard = getattr(lm_head, "shard_indices", None)
-        group = _head_group(lm_head) if shard is not None else None
-        tp_size = int(group.world_size) if group is not None else 1
-        local_start = int(shard.org_vocab_start_index) if shard is not None else 0
-        local_size = int(shard.num_org_elements) if shard is not None else vocab
-        k = min(k, vocab)
-        if tp_size == 1:
+        head = self._head_shard()
+        k = min(k, int(self.model_runner.model_config.vocab_size))
+        if head.group is None:
             with _draft_tp_scope(self):
-                return rank_draft_hidden(hidden, weight[:local_size], k)
+                return rank_draft_hidden(hidden, head.weight, k)
+        group, tp_size = head.group, int(head.group.world_size)
 
         def gather(packed: torch.Tensor) -> torch.Tensor:  # [n, C] -> [tp, n, C]: rank order
             return group.all_gather(packed.contiguous(), dim=0).view(tp_size, *packed.shape)
 
-        return rank_draft_hidden_sharded(hidden, weight[:local_size], k, local_start, gather)
+        return rank_draft_hidden_sharded(hidden, head.weight, k, head.vocab_start, gather)
+
+    def _head_shard(self) -> HeadShard:
+        """This rank's rows of the target's LM head and the group they are split over (:func:`_head_shard`)."""
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        return _head_shard(lm_head, int(self.model_runner.model_config.vocab_size))
