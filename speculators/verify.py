@@ -99,6 +99,13 @@ class VerifyResult:
         predicts[index[on_path]] = self.output_tokens[on_path].to(predicts.dtype)
 
 
+# A row with top-p and no top-k is ordered over its best NUCLEUS_FIRST_WIDTH tokens first, then NUCLEUS_WIDENING
+# times as many until every such row's kept tokens lie among them (the whole row at worst): a language model's
+# nucleus at top-p 0.95 is a few hundred tokens of a 163,840-token vocabulary, not its sort.
+NUCLEUS_FIRST_WIDTH = 256
+NUCLEUS_WIDENING = 8
+
+
 def process_logits(
     logits: torch.Tensor,
     temperature: float | torch.Tensor,
@@ -121,41 +128,81 @@ def process_logits(
 
     Example: p = [.5, .3, .2], top_k=2, top_p=.6: masses before = [0, .5, .8]: keep tokens 0, 1 -> [.625, .375, 0].
 
-    The order is needed only as far as a row may keep tokens. What the caller knows on the host skips the rest of
-    the full sort of the vocabulary: ``filtered=False``, no row has a top-k, top-p or min-p (the softmax is the
-    target, no order at all); ``max_top_k``, every row keeps at most that many tokens (each has a top-k of at most
-    it), so the order over the best ``max_top_k`` of each row (:func:`~.trees.topk_lowest_index_ties`, ties lower id
-    first as in the full sort) decides everything, and the masses before them are those of the full order.
+    No temporary of the rows' size survives beside the probabilities (:func:`_filter_in_place`): the order is
+    needed only as far as a row may keep tokens, and the filtered probabilities are written over the unfiltered
+    ones. ``filtered=False``: no row has a top-k, top-p or min-p (the softmax is the target, no order at all);
+    ``max_top_k``: every row keeps at most that many tokens (each has a top-k of at most it), so the order over the
+    best ``max_top_k`` of each row decides everything; otherwise the order widens from the best
+    :data:`NUCLEUS_FIRST_WIDTH` tokens until it holds every row's kept tokens (:func:`_nucleus_width`).
     """
     logits = logits.float()
-    vocab = logits.shape[-1]
     batch_shape = logits.shape[:-1]
     temperature = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device).expand(batch_shape)
     greedy = temperature <= 0  # [...]
     probs = torch.softmax(logits / torch.where(greedy, 1.0, temperature)[..., None], dim=-1)  # [..., V]
-    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).float()
-    if not filtered:
-        return torch.where(greedy[..., None], one_hot, probs)
-    top_k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).expand(batch_shape)
-    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
-    width = vocab
-    if max_top_k is not None and 0 < max_top_k and 2 * max_top_k + SURVIVOR_SLACK < vocab:
-        width = max_top_k
-        sorted_probs, sorted_ids = topk_lowest_index_ties(probs, width)  # [..., K]
+    if filtered:
+        _filter_in_place(probs, greedy, top_k, top_p, min_p, max_top_k)
+    # greedy rows: a one-hot at the first argmax of the logits, written over their row (no [..., V] one-hot)
+    first_max = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+    probs.masked_fill_(greedy[..., None], 0.0)
+    return probs.scatter_(-1, first_max, torch.where(greedy[..., None], 1.0, probs.gather(-1, first_max)))
+
+
+def _filter_in_place(
+    probs: torch.Tensor,
+    greedy: torch.Tensor,
+    top_k: int | torch.Tensor,
+    top_p: float | torch.Tensor,
+    min_p: float | torch.Tensor,
+    max_top_k: int | None,
+) -> None:
+    """:func:`process_logits`' top-k, top-p and min-p filter on probs [..., V], renormalised, in place."""
+    device, vocab, batch_shape = probs.device, probs.shape[-1], probs.shape[:-1]
+    top_k = torch.as_tensor(top_k, dtype=torch.long, device=device).expand(batch_shape)
+    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=device).expand(batch_shape)
+    min_p = torch.as_tensor(min_p, dtype=torch.float32, device=device).expand(batch_shape)
+    # rows of a filtered batch that filter nothing themselves keep their softmax (and need no order)
+    unfiltered = (top_k <= TOP_K_ALL) & (top_p >= 1.0) & (min_p <= 0.0)  # [...]
+    if max_top_k is not None and 0 < max_top_k:
+        width = min(max_top_k, vocab)
     else:
-        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)  # [..., V]
+        width = _nucleus_width(probs, greedy | unfiltered, top_k, top_p, min_p)
+    sorted_probs, sorted_ids = topk_lowest_index_ties(probs, width)  # [..., K]: ties lower id first, as a full sort
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    rank = torch.arange(width, device=logits.device)
-    min_p = torch.as_tensor(min_p, dtype=torch.float32, device=logits.device).expand(batch_shape)
+    rank = torch.arange(width, device=device)
     # top_p >= 1 filters nothing (the sampler skips the filter; cumsum rounding must not drop the tail)
     keep = (rank < torch.where(top_k <= TOP_K_ALL, vocab, top_k)[..., None]) & (
         (mass_before <= top_p[..., None]) | (top_p[..., None] >= 1.0)
     )
     keep &= sorted_probs >= sorted_probs[..., :1] * min_p[..., None]  # the top token is always kept
     kept = sorted_probs * keep
-    kept = kept / kept.sum(dim=-1, keepdim=True)
-    probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, kept)
-    return torch.where(greedy[..., None], one_hot, probs)
+    kept = torch.where(unfiltered[..., None], sorted_probs, kept / kept.sum(dim=-1, keepdim=True))  # [..., K]
+    probs.masked_fill_(~unfiltered[..., None], 0.0).scatter_(-1, sorted_ids, kept)
+
+
+def _nucleus_width(
+    probs: torch.Tensor, settled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> int:
+    """The narrowest width, from :data:`NUCLEUS_FIRST_WIDTH` up by :data:`NUCLEUS_WIDENING`, whose best tokens hold
+    every row's kept ones: a row is decided within its best K when its top-k is at most K, its best K hold more
+    than its top-p (the next token's mass before is then above top-p), its K-th best is below its min-p cut, or it
+    is greedy or filters nothing (``settled``). One host read of the device per width tried (a CPU reads its own
+    memory; on a GPU a step with such a request waits for the device once, where a full sort would run instead);
+    the whole vocabulary when no narrower width decides every row."""
+    vocab = probs.shape[-1]
+    width = NUCLEUS_FIRST_WIDTH
+    while 2 * width + SURVIVOR_SLACK < vocab:
+        best = topk_lowest_index_ties(probs, width)[0]  # [..., K]
+        decided = (
+            settled
+            | ((top_k > TOP_K_ALL) & (top_k <= width))
+            | ((top_p < 1.0) & (best.sum(dim=-1) > top_p))
+            | (best[..., -1] < best[..., 0] * min_p)
+        )
+        if bool(decided.all()):
+            return width
+        width *= NUCLEUS_WIDENING
+    return vocab
 
 
 @dataclass

@@ -99,15 +99,29 @@ def test_the_drafter_is_captured_at_the_blocks_width_with_the_draft_tail(monkeyp
         def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True):
             seen.append((capture_decode_cuda_graph, spec.speculative_num_draft_tokens))
 
+    in_draft_scope = []  # SGLang's set-up runs inside the drafter's TP context (draft_tp_context)
+    head_read_in_scope = []
+
     def sglang_setup(self):  # what DFlashWorkerV2.init_cuda_graphs does with the drafter on a GPU
-        assert self._maybe_build_draft_sampler() is None
-        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=True)
+        in_draft_scope.append(True)
+        try:
+            assert self._maybe_build_draft_sampler() is None  # the tree's tail joins the hooks instead
+            self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=True)
+        finally:
+            in_draft_scope.pop()
         out = NS(hidden_states=torch.randn(2 * block, hidden))  # the capture of 2 requests runs its tail hooks
         batch = NS(input_ids=torch.randint(0, vocab, (2 * block,)), seq_lens=torch.tensor([5, 7]))
         for hook in self.draft_model_runner.capture_tail_hooks:
             hook(object(), out, batch, 2 * block)
 
     monkeypatch.setattr(DFlashWorkerV2, "init_cuda_graphs", sglang_setup)
+    head_shard = DFlashTreeWorker._head_shard
+
+    def observed_head_shard(self):  # the LM head's shard and group, read where SGLang reads its sampler's
+        head_read_in_scope.append(bool(in_draft_scope))
+        return head_shard(self)
+
+    monkeypatch.setattr(DFlashTreeWorker, "_head_shard", observed_head_shard)
     worker = object.__new__(DFlashTreeWorker)
     drafter = Drafter()
     target = NS(
@@ -134,6 +148,9 @@ def test_the_drafter_is_captured_at_the_blocks_width_with_the_draft_tail(monkeyp
     assert tail is not None and tail.captured_bs == {2} and tail.lm_head.shape == (vocab, hidden)
     assert tail.tokens.shape == (4, 9) and tail.result(2)[0].tokens.shape == (2, 9)  # [max_bs, N], N = 9
     assert worker.draft_model_runner.capture_tail_hooks == [tail]  # kept for a later re-capture
+    assert head_read_in_scope and all(head_read_in_scope)  # inside the drafter's TP context, as SGLang's sampler
+    worker.init_cuda_graphs()  # a re-capture: a new tail replaces the old hook
+    assert worker.draft_model_runner.capture_tail_hooks == [worker._tail] and worker._tail is not tail
 
     monkeypatch.setenv(drafter_graph.DRAFT_GRAPHS_ENV, "0")
     seen.clear()
@@ -192,8 +209,13 @@ def test_adaptive_chains_capture_sglangs_chain_drafter_and_causal_verify(monkeyp
     worker = chain_worker(monkeypatch)
     worker.init_cuda_graphs()  # causal target graphs: not refused for chains
     assert built == [sampler] and worker._tail is None and worker.draft_model_runner.capture_tail_hooks == []
-    vars(worker)["tree_budget"] = 7
+    from sglang_kimi.speculative.workers.drafter_graph import DraftTail
+
+    vars(worker)["tree_budget"] = 7  # a tree server: no sampler of SGLang's, its own tail among the hooks instead
+    tail = object.__new__(DraftTail)
+    monkeypatch.setattr(DFlashTreeWorker, "_new_draft_tail", lambda self: tail)
     assert worker._maybe_build_draft_sampler() is None
+    assert worker.draft_model_runner.capture_tail_hooks == [tail] and worker._tail is tail
 
 
 def test_the_blocks_full_chain_is_sglangs_chain_step_and_narrower_chains_the_plugins(monkeypatch):

@@ -147,6 +147,46 @@ def test_the_partial_selection_gives_the_full_sorts_distribution(vocab: int) -> 
     assert torch.equal(unfiltered[::7], process_logits(logits[::7], 0.0))  # greedy rows stay one-hot
 
 
+def _filtered_by_full_sort(probs: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """process_logits' top-p and min-p rule over a stable sort of the whole row (ties: lower id first)."""
+    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
+    keep = ((sorted_probs.cumsum(dim=-1) - sorted_probs) <= top_p[:, None]) | (top_p[:, None] >= 1.0)
+    keep &= sorted_probs >= sorted_probs[:, :1] * min_p[:, None]
+    kept = sorted_probs * keep
+    return torch.zeros_like(probs).scatter_(-1, sorted_ids, kept / kept.sum(dim=-1, keepdim=True))
+
+
+def test_top_p_without_top_k_at_kimis_vocabulary() -> None:
+    """Top-p with no top-k at 163,840 tokens through the widening order (``_nucleus_width``): the full stable sort's
+    result, and SGLang's own torch filter's kept counts (its sort is unstable, so which of the tokens tied at the
+    cut it keeps is arbitrary). Peaked rows decided within the first width, flatter rows that widen (one to the
+    whole row), bf16-like ties at the cut, min-p, a row of the batch that filters nothing, a greedy row."""
+    sglang_filter = sglang_speculative()["top_k_top_p_min_p_sampling_from_probs_torch"]
+    gen = torch.Generator().manual_seed(3)
+    vocab, rows = 163_840, 8
+    scale = torch.tensor([6.0, 5.0, 4.0, 3.0, 1.0, 4.0, 5.0, 3.0])[:, None]  # 1.0: a nucleus of most of the row
+    logits = (torch.randn((rows, vocab), generator=gen) * scale * 8).round() / 8  # ties on a coarse grid
+    temperature = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 1.0, 0.0, 1.0])  # row 6 greedy
+    top_p = torch.tensor([0.95, 0.9, 0.95, 0.8, 0.95, 1.0, 0.95, 0.5])  # row 5 filters nothing
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01])
+    ours = process_logits(logits, temperature, 0, top_p, min_p)
+    probs = torch.softmax(logits / torch.where(temperature > 0, temperature, 1.0)[:, None], dim=-1)
+    expected = _filtered_by_full_sort(probs, top_p, min_p)
+    expected[6] = torch.nn.functional.one_hot(logits[6].argmax(), vocab).float()
+    assert torch.equal(ours > 0, expected > 0)
+    # the same kept values renormalised by float32 sums over the first K instead of the whole sorted row (and row
+    # 5 not renormalised: a float32 sum of 163,840 probabilities misses 1 by about 1e-5)
+    torch.testing.assert_close(ours, expected, rtol=3e-5, atol=1e-9)
+    _, sglang_kept, _, _ = sglang_filter(
+        probs, torch.full((rows,), 1 << 30), top_p, min_p, True, None, None, return_filtered_probs=True
+    )
+    sglang_counts = (sglang_kept > 0).sum(dim=-1)
+    filtering = torch.tensor([True, True, True, True, True, False, False, True])  # row 5: SGLang skips top-p 1
+    assert torch.equal((ours > 0).sum(dim=-1)[filtering], sglang_counts[filtering])
+    kept_counts = (ours > 0).sum(dim=-1)
+    assert kept_counts[0] < 256 and kept_counts[4] > vocab // 2 and kept_counts[5] == vocab  # the cases above
+
+
 # --------------------------------------------------------------------------------------------------------------
 
 

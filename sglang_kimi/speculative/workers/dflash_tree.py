@@ -66,7 +66,12 @@ from sglang.srt.speculative.dflash_worker_v2 import (
 )
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    draft_tp_context,
+    record_stream_each,
+)
 
 try:  # return_sampling_mask for speculative decoding (a release without it has no such request option)
     from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
@@ -125,6 +130,30 @@ def _dp_round_runs_eager(batch, verify_batch) -> bool:
     prefills (its raw counts disagree with the window-scaled ones): otherwise the ranks' DP-gather offsets differ."""
     counts = verify_batch.original_global_num_tokens_cpu  # requests of each attention group this round
     return bool(batch.is_extend_in_batch) or (counts is not None and min(counts) == 0)
+
+
+# The batch's tensors a tree step records on its forward stream (:func:`_record_scheduler_tensors`): what SGLang's
+# DFLASH chain records (``seq_lens``) and what its EAGLE verify records (``record_stream_for_v2_verify``), since the
+# step rebinds ``input_ids`` and ``out_cache_loc`` as that verify does.
+RECORDED_BATCH_TENSORS = ("seq_lens", "req_pool_indices", "input_ids", "out_cache_loc")
+
+
+def _record_scheduler_tensors(batch, stream=None):
+    """Under SGLang's overlap scheduler a decode step's batch tensors come from the previous iteration, produced on
+    another stream, and the step drops the batch's only reference to some of them: the caching allocator must not
+    hand their memory to the next iteration while this step's kernels still read it. Records
+    :data:`RECORDED_BATCH_TENSORS` and the draft state's bonus tokens (the drafter's block reads them) on ``stream``
+    (the current stream of the batch's device when None), CUDA tensors only (SGLang's ``record_stream_each``; on a
+    CPU nothing is recorded). The tree step rebinds ``batch.out_cache_loc`` (the verify's slots) and
+    ``batch.input_ids`` (the tree's tokens, in ``prepare_for_verify``) without restoring them, so it calls this
+    again after the rebind; ``seq_lens_cpu`` and ``seq_lens_sum`` (host values) it restores. Returns the stream."""
+    if stream is None:
+        if batch.seq_lens.device.type == "cpu":
+            return None
+        stream = torch.get_device_module(batch.seq_lens.device).current_stream()
+    tensors = [getattr(batch, name, None) for name in RECORDED_BATCH_TENSORS]
+    record_stream_each([*tensors, getattr(batch.spec_info, "bonus_tokens", None)], stream)
+    return stream
 
 
 @dataclass(frozen=True)
@@ -256,15 +285,14 @@ class DFlashTreeWorker(DFlashWorkerV2):
     def init_cuda_graphs(self):
         """SGLang's DFLASH set-up, with the drafter's graphs captured at the block's width (as SGLang captures a
         chain's drafter whose block is this block). Trees: the draft side is their captured tail (under tensor
-        parallelism with its one all-gather), and the target's verify graphs must carry the tree mask. Adaptive
-        chains: the tail is SGLang's own in-graph argmax (``_maybe_build_draft_sampler``) and the target's graphs
-        its causal chain verify, both SGLang's chain's."""
+        parallelism with its one all-gather; built by :meth:`_maybe_build_draft_sampler`, which SGLang calls inside
+        the drafter's TP context right before it captures), and the target's verify graphs must carry the tree mask.
+        Adaptive chains: the tail is SGLang's own in-graph argmax and the target's graphs its causal chain verify,
+        both SGLang's chain's."""
+        self._tail = None
         if not draft_graphs():
             self._eager_drafter()
         else:
-            tail = self._new_draft_tail() if self.tree_budget is not None else None
-            if tail is not None:  # kept, as SGLang keeps its chain's: a later re-capture folds it in again
-                self.draft_model_runner.capture_tail_hooks.append(tail)
             try:
                 with block_width(self.block_size):
                     super().init_cuda_graphs()
@@ -274,6 +302,7 @@ class DFlashTreeWorker(DFlashWorkerV2):
                     f"request) failed: {type(e).__name__}: {e}. Start with {DRAFT_GRAPHS_ENV}=0 to run the drafter "
                     f"eager (the target keeps its graphs)"
                 ) from e
+            tail = self._tail
             self._tail = tail if tail is not None and tail.captured_bs else None
         if self._tail is not None:
             logger.info(
@@ -319,11 +348,20 @@ class DFlashTreeWorker(DFlashWorkerV2):
         )
 
     def _maybe_build_draft_sampler(self):
-        """Adaptive chains: SGLang's in-graph argmax of the block's drafts, as its chain server captures it (the
-        block-wide step is SGLang's chain step; a narrower chain takes the first drafts). Trees rank each
-        position's top K instead."""
+        """What SGLang folds into the drafter's graphs, called by its ``init_cuda_graphs`` inside the drafter's TP
+        context just before the capture (and only when it captures). Adaptive chains: SGLang's in-graph argmax of
+        the block's drafts, as its chain server captures it (the block-wide step is SGLang's chain step; a narrower
+        chain takes the first drafts). Trees: no sampler of SGLang's; the draft side (:class:`DraftTail`) joins the
+        capture tail hooks instead, its LM-head shard and group read here, in the same TP context as SGLang reads
+        its sampler's. The hook is kept, as SGLang keeps its chain's: a later re-capture folds it in again (a
+        re-capture builds a new tail, which replaces the old one)."""
         if self.tree_budget is None:
             return super()._maybe_build_draft_sampler()
+        hooks = self.draft_model_runner.capture_tail_hooks
+        hooks[:] = [hook for hook in hooks if not isinstance(hook, DraftTail)]
+        if draft_graphs():  # with SGLANG_KIMI_DRAFT_GRAPHS=0 SGLang still asks, but the drafter is not captured
+            self._tail = self._new_draft_tail()
+            hooks.append(self._tail)
         return None
 
     def _start_adaptive(self):
@@ -383,10 +421,13 @@ class DFlashTreeWorker(DFlashWorkerV2):
         """One decode step, phase by phase (each a method below, named as its profiler range):
         plan -> draft (forward, rank, tree build) -> verify inputs -> target verify -> accept -> commit -> draft KV."""
         phases.enter("plan")
+        stream = _record_scheduler_tensors(batch)  # before the step rebinds any of them
         plan = self._plan_step(batch, width)
         draft = self._draft_window(batch, plan, phases)  # module docstring 1-2: drafter, ranking, tree
         phases.enter("verify_prepare")
         verify_batch, grammar_tree = self._verify_inputs(batch, plan, draft)  # 3: the window's tokens, positions, mask
+        if stream is not None:  # the rebound input ids and slots, as SGLang's EAGLE verify records them
+            _record_scheduler_tensors(batch, stream)
         phases.enter("target_forward")
         target_out = self._target_verify(verify_batch)  # 3: the target over every window
         phases.enter("verify_accept")
@@ -747,12 +788,24 @@ class DFlashTreeWorker(DFlashWorkerV2):
         """Each draft position's best min(k, V) tokens under the target's LM head: hidden [bs, D, H] -> (log-probs
         [bs, D, K] float32 over the full vocabulary, token ids [bs, D, K]), ranked by log-prob then id.
         Tensor-parallel: every rank ranks its shard; candidates and log-sum-exps are gathered, so all ranks build the
-        same tree."""
-        head = self._head_shard()
+        same tree. The shard's group is read inside the drafter's TP context, where the captured tail reads it
+        (:meth:`_maybe_build_draft_sampler`); under DP attention outside it, as the head is split over the target's
+        attention-TP group, which that context replaces (the drafter runs eager there)."""
         k = min(k, int(self.model_runner.model_config.vocab_size))
+        if not self._dp_attention:
+            with _draft_tp_scope(self):
+                return self._rank_on_shard(self._head_shard(), hidden, k)
+        head = self._head_shard()
         if head.group is None:
             with _draft_tp_scope(self):
-                return rank_draft_hidden(hidden, head.weight, k)
+                return self._rank_on_shard(head, hidden, k)
+        return self._rank_on_shard(head, hidden, k)
+
+    @staticmethod
+    def _rank_on_shard(head: HeadShard, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_ranked_draft_logprobs` on this rank's part of the head (the whole head, or a shard and its group)."""
+        if head.group is None:
+            return rank_draft_hidden(hidden, head.weight, k)
         group, tp_size = head.group, int(head.group.world_size)
 
         def gather(packed: torch.Tensor) -> torch.Tensor:  # [n, C] -> [tp, n, C]: rank order
