@@ -164,10 +164,10 @@ def _filter_in_place(
     # rows of a filtered batch that filter nothing themselves keep their softmax (and need no order)
     unfiltered = (top_k <= TOP_K_ALL) & (top_p >= 1.0) & (min_p <= 0.0)  # [...]
     if max_top_k is not None and 0 < max_top_k:
-        width = min(max_top_k, vocab)
+        sorted_probs, sorted_ids = topk_lowest_index_ties(probs, min(max_top_k, vocab))  # [..., K]
     else:
-        width = _nucleus_width(probs, greedy | unfiltered, top_k, top_p, min_p)
-    sorted_probs, sorted_ids = topk_lowest_index_ties(probs, width)  # [..., K]: ties lower id first, as a full sort
+        sorted_probs, sorted_ids = _nucleus_order(probs, greedy | unfiltered, top_k, top_p, min_p)  # [..., K]
+    width = sorted_probs.shape[-1]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     rank = torch.arange(width, device=device)
     # top_p >= 1 filters nothing (the sampler skips the filter; cumsum rounding must not drop the tail)
@@ -180,29 +180,40 @@ def _filter_in_place(
     probs.masked_fill_(~unfiltered[..., None], 0.0).scatter_(-1, sorted_ids, kept)
 
 
-def _nucleus_width(
+def _nucleus_order(
     probs: torch.Tensor, settled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
-) -> int:
-    """The narrowest width, from :data:`NUCLEUS_FIRST_WIDTH` up by :data:`NUCLEUS_WIDENING`, whose best tokens hold
-    every row's kept ones: a row is decided within its best K when its top-k is at most K, its best K hold more
-    than its top-p (the next token's mass before is then above top-p), its K-th best is below its min-p cut, or it
-    is greedy or filters nothing (``settled``). One host read of the device per width tried (a CPU reads its own
-    memory; on a GPU a step with such a request waits for the device once, where a full sort would run instead);
-    the whole vocabulary when no narrower width decides every row."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best K tokens of every row of probs [..., V] in the full sort's order (:func:`topk_lowest_index_ties`), for
+    the narrowest K, from :data:`NUCLEUS_FIRST_WIDTH` up by :data:`NUCLEUS_WIDENING`, that holds every row's kept
+    tokens. A row is decided within its best K when its top-k is at most K, its best K hold more than its top-p (the
+    next token's mass before is then above top-p), its K-th best is below its min-p cut, or it is greedy or filters
+    nothing (``settled``). An undecided row needs at least K + (top_p - mass of its best K) / (its K-th probability)
+    tokens, so the next width is at least that (the whole row when it passes half of it: a flat row goes there from
+    the first width). One host read of the device per width tried (a CPU reads its own memory; on a GPU a step with
+    such a request waits for the device once, where a full sort would run instead). Returns (probabilities,
+    ids) [..., K]."""
     vocab = probs.shape[-1]
     width = NUCLEUS_FIRST_WIDTH
     while 2 * width + SURVIVOR_SLACK < vocab:
-        best = topk_lowest_index_ties(probs, width)[0]  # [..., K]
+        best, ids = topk_lowest_index_ties(probs, width)  # [..., K]
+        mass = best.sum(dim=-1)
         decided = (
             settled
             | ((top_k > TOP_K_ALL) & (top_k <= width))
-            | ((top_p < 1.0) & (best.sum(dim=-1) > top_p))
+            | ((top_p < 1.0) & (mass > top_p))
             | (best[..., -1] < best[..., 0] * min_p)
         )
-        if bool(decided.all()):
-            return width
-        width *= NUCLEUS_WIDENING
-    return vocab
+        # what an undecided row still needs: more than (top_p - mass) / (K-th probability) tokens to pass its top-p
+        # (each at most the K-th probability), and no more than its top-k; -1 for a decided row
+        short = (top_p - mass).clamp(min=0) / best[..., -1].clamp(min=torch.finfo(best.dtype).tiny)
+        short = torch.where(top_k > TOP_K_ALL, torch.minimum(short, (top_k - width).float()), short)
+        needed = float(torch.where(decided, -1.0, short).amax()) if decided.numel() else -1.0  # the host read
+        if needed < 0:
+            return best, ids
+        target = width + max(needed, 1.0)
+        while width < target and 2 * width + SURVIVOR_SLACK < vocab:
+            width *= NUCLEUS_WIDENING
+    return probs.sort(dim=-1, descending=True, stable=True)  # the whole row: one stable sort
 
 
 @dataclass
