@@ -13,6 +13,7 @@ same coins as over the whole vocabulary, at a fraction of the memory. Power as i
 from __future__ import annotations
 
 import torch
+from support.spec_helpers import repeated_tree
 from support.stats import chi2_pvalue
 
 from sglang_kimi.speculators.trees import DraftTree
@@ -80,19 +81,12 @@ def _sampled_counts(tree: DraftTree, logits: torch.Tensor, top_p: float, seed: i
     place = torch.zeros((VOCAB,), dtype=torch.long)  # the root's token is never drawn here: any place
     place[support] = torch.arange(len(support))
     local_tree = DraftTree.from_parents(place[tree.tokens], tree.parents)
-    local_probs = probs[:, support][None]  # [1, 4, S]
+    local_probs = probs[:, support][None].expand(CHUNK, -1, -1)  # [CHUNK, 4, S]: one tree's rows, repeated
     gen = torch.Generator().manual_seed(seed)
     counts: dict[tuple[int, int], int] = {}
     for _ in range(SAMPLES // CHUNK):
-        batch = DraftTree(
-            local_tree.tokens.expand(CHUNK, -1),
-            local_tree.parents.expand(CHUNK, -1),
-            local_tree.depths.expand(CHUNK, -1),
-            local_tree.num_nodes.expand(CHUNK),
-            local_tree.max_depth,
-        )
         coins = random_coins(CHUNK, 4, generator=gen)
-        result = walk_tree(batch, target_probs=local_probs.expand(CHUNK, -1, -1), coins=coins)
+        result = walk_tree(repeated_tree(local_tree, CHUNK), target_probs=local_probs, coins=coins)
         last = result.accepted_nodes.gather(1, result.num_accepted[:, None])[:, 0]
         keys, n = torch.unique(last * VOCAB + support[result.bonus], return_counts=True)
         for key, c in zip(keys.tolist(), n.tolist()):

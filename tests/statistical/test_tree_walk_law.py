@@ -5,6 +5,7 @@ a two-sample test against ``verify_sampled``, and the same test failing on a sam
 from __future__ import annotations
 
 import torch
+from support.spec_helpers import repeated_tree
 from support.stats import chi2_pvalue, homogeneity_pvalue
 from support.verify_layout import twin
 
@@ -65,13 +66,7 @@ def _counts(last_node: torch.Tensor, bonus: torch.Tensor, vocab: int) -> dict[tu
 
 def _sample_ref(tree1: DraftTree, probs1: torch.Tensor, n: int, gen: torch.Generator):
     """n independent verifications of one tree with the vectorised twin (the tree repeated n times)."""
-    tree = DraftTree(
-        tree1.tokens.expand(n, -1),
-        tree1.parents.expand(n, -1),
-        tree1.depths.expand(n, -1),
-        tree1.num_nodes.expand(n),
-        tree1.max_depth,
-    )
+    tree = repeated_tree(tree1, n)
     N = tree.num_slots
     probs = probs1.expand(n, -1, -1)
     out = twin(

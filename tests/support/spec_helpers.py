@@ -161,3 +161,14 @@ def sglang_speculative() -> dict:
     )
     fns |= load_sglang("srt/layers/sampler.py", ["top_k_top_p_min_p_sampling_from_probs_torch"], namespace)
     return fns
+
+
+def repeated_tree(tree: DraftTree, n: int) -> DraftTree:
+    """One tree (batch 1) as a batch of n copies, without copying (expanded views)."""
+    return DraftTree(
+        tree.tokens.expand(n, -1),
+        tree.parents.expand(n, -1),
+        tree.depths.expand(n, -1),
+        tree.num_nodes.expand(n),
+        tree.max_depth,
+    )
