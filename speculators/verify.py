@@ -133,7 +133,7 @@ def process_logits(
     ones. ``filtered=False``: no row has a top-k, top-p or min-p (the softmax is the target, no order at all);
     ``max_top_k``: every row keeps at most that many tokens (each has a top-k of at most it), so the order over the
     best ``max_top_k`` of each row decides everything; otherwise the order widens from the best
-    :data:`NUCLEUS_FIRST_WIDTH` tokens until it holds every row's kept tokens (:func:`_nucleus_width`).
+    :data:`NUCLEUS_FIRST_WIDTH` tokens until it holds every row's kept tokens (:func:`_nucleus_order`).
     """
     logits = logits.float()
     batch_shape = logits.shape[:-1]

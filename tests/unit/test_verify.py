@@ -157,7 +157,7 @@ def _filtered_by_full_sort(probs: torch.Tensor, top_p: torch.Tensor, min_p: torc
 
 
 def test_top_p_without_top_k_at_kimis_vocabulary() -> None:
-    """Top-p with no top-k at 163,840 tokens through the widening order (``_nucleus_width``): the full stable sort's
+    """Top-p with no top-k at 163,840 tokens through the widening order (``_nucleus_order``): the full stable sort's
     result, and SGLang's own torch filter's kept counts (its sort is unstable, so which of the tokens tied at the
     cut it keeps is arbitrary). Peaked rows decided within the first width, flatter rows that widen (one to the
     whole row), bf16-like ties at the cut, min-p, a row of the batch that filters nothing, a greedy row."""
